@@ -1,0 +1,85 @@
+"""optcore: pick, configure and extend PyTorch optimizers by name.
+
+``import optcore`` is cheap: it imports no plugin, no third-party optimizer
+package and not even pydantic. Each public name below is loaded from its
+module on first use (PEP 562).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._errors import (
+    ConfigError,
+    OptcoreError,
+    OptimizerNotFoundError,
+    PluginLoadError,
+    SchedulerNotFoundError,
+)
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "Optimizer": "._contract",
+    "ContractMixin": "._contract",
+    "adapt": "._adapt",
+    "HParams": "._schema",
+    "validate_hparams": "._schema",
+    "schema_from_signature": "._schema",
+    "parse_optim_args": "._schema",
+    "parse_literal": "._schema",
+    "OptimizerSpec": "._spec",
+    "Capabilities": "._spec",
+    "resolve": "._registry",
+    "list_optimizers": "._registry",
+    "register_optimizer": "._registry",
+    "unregister_optimizer": "._registry",
+    "build_optimizer": "._build",
+    "build_param_groups": "._params",
+    "hookimpl": "._hooks",
+    "hookspec": "._hooks",
+    "get_plugin_manager": "._hooks",
+    "build_scheduler": "._schedulers",
+    "build": "._build",
+    "register_scheduler": "._schedulers",
+    "resolve_scheduler": "._schedulers",
+    "list_schedulers": "._schedulers",
+    "add_args": "._args",
+    "config_from_args": "._args",
+}
+
+__all__ = [
+    "ConfigError",
+    "OptcoreError",
+    "OptimizerNotFoundError",
+    "PluginLoadError",
+    "SchedulerNotFoundError",
+    "__version__",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'optcore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from ._adapt import adapt
+    from ._build import build, build_optimizer
+    from ._contract import ContractMixin, Optimizer
+    from ._hooks import get_plugin_manager, hookimpl, hookspec
+    from ._params import build_param_groups
+    from ._registry import list_optimizers, register_optimizer, resolve, unregister_optimizer
+    from ._schema import HParams, parse_literal, parse_optim_args, schema_from_signature, validate_hparams
+    from ._spec import Capabilities, OptimizerSpec

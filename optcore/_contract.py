@@ -1,0 +1,338 @@
+"""The optimizer contract: what every optimizer optcore hands out can do.
+
+Two roads lead here. Optimizers written for optcore subclass :class:`Optimizer`
+and implement ``step(closure, scale, groups)`` natively. Classes from
+``torch.optim`` and third-party packages are *adapted*: :func:`adapt` makes a
+subclass that mixes :class:`ContractMixin` in front of the original class, so
+``isinstance(opt, torch.optim.AdamW)`` still holds, the original ``step`` runs
+unchanged, and the adapter costs one Python call per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ._errors import ConfigError
+
+GroupSelector = Sequence[int | str] | int | str | None
+
+#: Keys of a param group that are bookkeeping, not hyper-parameters.
+_NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale"})
+
+
+def _params_with_grad(groups: Iterable[Mapping[str, Any]]) -> list[Tensor]:
+    return [p for g in groups for p in g["params"] if p.grad is not None]
+
+
+def _by_device_and_dtype(tensors: Iterable[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[Tensor]]:
+    buckets: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for t in tensors:
+        buckets.setdefault((t.device, t.dtype), []).append(t)
+    return buckets
+
+
+class ContractMixin:
+    """The members API.md promises, on top of ``torch.optim.Optimizer``.
+
+    Capability flags are class attributes that subclasses (or :func:`adapt`)
+    set to what is *true* of them; wrappers such as the FP16 optimizers read
+    them to pick a strategy.
+    """
+
+    #: step works on fp16/bf16 params, computing in fp32 and keeping fp32 state.
+    supports_memory_efficient_fp16: ClassVar[bool] = False
+    #: ``step(scale=s)`` folds ``1/s`` into the update: no separate unscale pass.
+    supports_step_with_scale: bool = False
+    #: works on one flat contiguous parameter (pointwise update).
+    supports_flat_params: ClassVar[bool] = False
+    #: ``step(groups=...)`` steps only the selected groups.
+    supports_groups: ClassVar[bool] = True
+
+    param_groups: list[dict[str, Any]]
+    defaults: dict[str, Any]
+    state: Any
+
+    # ------------------------------------------------------------------ config
+    @property
+    def optimizer_config(self) -> dict[str, Any]:
+        """The effective hyper-parameters: the defaults, with the first group's
+        current values on top (so a scheduler-set ``lr`` is what is reported)."""
+        config = dict(self.defaults)
+        if self.param_groups:
+            for key, value in self.param_groups[0].items():
+                if key not in _NON_HPARAM_KEYS:
+                    config[key] = value
+            config["lr"] = self.get_lr()
+        return config
+
+    def get_lr(self) -> float:
+        """The base learning rate: the first group's ``lr`` divided by its
+        ``lr_scale`` (1 unless layer-wise scaling is configured), so that
+        ``set_lr(get_lr())`` changes nothing."""
+        group = self.param_groups[0]
+        lr = group["lr"]
+        lr = float(lr.item()) if isinstance(lr, Tensor) else float(lr)
+        return lr / float(group.get("lr_scale", 1.0))
+
+    def get_lrs(self) -> list[float]:
+        """The learning rate of every group, as stored (``lr_scale`` applied)."""
+        return [float(g["lr"].item() if isinstance(g["lr"], Tensor) else g["lr"]) for g in self.param_groups]
+
+    def set_lr(self, lr: float | Sequence[float]) -> None:
+        """Set the learning rate: one number sets every group to
+        ``lr * group['lr_scale']`` (keeping layer-wise ratios); a sequence gives
+        each group its own value."""
+        if isinstance(lr, (int, float)) or (isinstance(lr, Tensor) and lr.ndim == 0):
+            values = [float(lr) * float(g.get("lr_scale", 1.0)) for g in self.param_groups]
+        else:
+            values = [float(v) for v in lr]
+            if len(values) != len(self.param_groups):
+                raise ConfigError(
+                    f"set_lr got {len(values)} learning rates for {len(self.param_groups)} param groups; "
+                    "pass one number, or one per group."
+                )
+        for group, value in zip(self.param_groups, values):
+            if isinstance(group["lr"], Tensor):
+                group["lr"].fill_(value)
+            else:
+                group["lr"] = value
+
+    # --------------------------------------------------------------- gradients
+    def backward(self, loss: Tensor) -> None:
+        """``loss.backward()``; precision wrappers scale the loss here."""
+        loss.backward()
+
+    def multiply_grads(self, c: float | Tensor) -> None:
+        """Multiply every gradient by ``c`` in place (one fused call per
+        device and dtype)."""
+        if not isinstance(c, Tensor) and c == 1.0:
+            return
+        for (device, _), grads in _by_device_and_dtype(
+            p.grad for p in _params_with_grad(self.param_groups)
+        ).items():
+            factor = c.to(device) if isinstance(c, Tensor) else c
+            torch._foreach_mul_(grads, factor)
+
+    def clip_grad_norm(
+        self,
+        max_norm: float,
+        aggregate_norm_fn: Callable[[Tensor], Tensor] | None = None,
+    ) -> Tensor:
+        """Return the total 2-norm of all gradients and, if ``max_norm > 0``,
+        scale them so it is at most ``max_norm``.
+
+        ``aggregate_norm_fn`` combines per-shard norms (model parallelism) before
+        clipping. A non-finite norm is returned without touching the gradients,
+        so the caller (or a loss scaler) can skip the step.
+        """
+        grads = [p.grad for p in _params_with_grad(self.param_groups)]
+        if not grads:
+            return torch.zeros(())
+        norms = [
+            torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group, 2.0)).float(), 2.0)
+            for group in _by_device_and_dtype(grads).values()
+        ]
+        first = norms[0].device
+        total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
+        if aggregate_norm_fn is not None:
+            total = aggregate_norm_fn(total)
+        if max_norm > 0 and bool(torch.isfinite(total)):
+            coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+            self.multiply_grads(coef)
+        return total
+
+    # -------------------------------------------------------------------- step
+    def _select_groups(self, groups: GroupSelector) -> list[dict[str, Any]]:
+        """The param groups named by ``groups``: indices, or the ``name`` given
+        to a group in the config; ``None`` selects all."""
+        if groups is None:
+            return list(self.param_groups)
+        if isinstance(groups, (int, str)):
+            groups = [groups]
+        selected: list[dict[str, Any]] = []
+        names = [g.get("name") for g in self.param_groups]
+        for key in groups:
+            if isinstance(key, int) and not isinstance(key, bool):
+                if not -len(self.param_groups) <= key < len(self.param_groups):
+                    raise ConfigError(
+                        f"step(groups=...) names group index {key}, but there are "
+                        f"{len(self.param_groups)} param groups."
+                    )
+                group = self.param_groups[key]
+            elif isinstance(key, str) and key in names:
+                group = self.param_groups[names.index(key)]
+            else:
+                known = [n for n in names if n is not None]
+                raise ConfigError(
+                    f"step(groups=...) names unknown group {key!r}; groups are selected by "
+                    f"index (0..{len(self.param_groups) - 1}) or by name ({known or 'none named'})."
+                )
+            if all(group is not g for g in selected):
+                selected.append(group)
+        return selected
+
+    #: Classes whose ``step`` must call the closure itself (LBFGS re-evaluates it).
+    _passes_closure: ClassVar[bool] = False
+
+    def step(  # type: ignore[override]
+        self,
+        closure: Callable[[], float] | None = None,
+        scale: float = 1.0,
+        groups: GroupSelector = None,
+    ) -> float | None:
+        """One update with gradients divided by ``scale``, restricted to ``groups``.
+
+        The adapted class's own ``step`` does the work. The closure is evaluated
+        first (so ``scale`` applies to the gradients it produced); ``scale`` is
+        folded into torch's fused kernels through their ``grad_scale`` input where
+        they have one, and applied as one multiply over the gradients otherwise.
+        """
+        if self._passes_closure:
+            if scale != 1.0 or groups is not None:
+                raise ConfigError(
+                    f"{type(self).__name__} re-evaluates the closure inside step, so it cannot take "
+                    "scale= or groups=; unscale the loss in the closure instead."
+                )
+            return self._base_step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        saved_groups = self.param_groups
+        if groups is not None:
+            self.param_groups = self._select_groups(groups)
+        try:
+            if scale != 1.0 and not self._folds_scale():
+                self.multiply_grads(1.0 / scale)
+                scale = 1.0
+            if scale != 1.0:
+                self._step_with_grad_scale(scale)
+            else:
+                self._base_step(None)
+        finally:
+            self.param_groups = saved_groups
+        return loss
+
+    def _base_step(self, closure: Callable[[], float] | None) -> float | None:
+        """The adapted class's own ``step``, without torch's profiling wrapper
+        (our class already carries one; running the step hooks twice would be a bug)."""
+        base = super().step  # type: ignore[misc]
+        func = getattr(base, "__func__", None)
+        if func is not None and getattr(func, "hooked", False):
+            return func.__wrapped__(self, closure)
+        return base(closure)
+
+    # Adapted classes whose fused kernels take ``grad_scale`` override these.
+    def _folds_scale(self) -> bool:
+        return False
+
+    def _step_with_grad_scale(self, scale: float) -> None:
+        raise NotImplementedError
+
+    # --------------------------------------------------------------- checkpoint
+    def load_state_dict(  # type: ignore[override]
+        self,
+        state_dict: Mapping[str, Any],
+        optimizer_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Load ``state_dict``, then replace hyper-parameters of every loaded
+        group with ``optimizer_overrides`` (for example a new ``lr`` on resume)."""
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        if optimizer_overrides:
+            known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
+            unknown = sorted(set(optimizer_overrides) - known)
+            if unknown:
+                raise ConfigError(
+                    f"optimizer_overrides has unknown hyper-parameter(s) {unknown}; "
+                    f"this optimizer has {sorted(known - {'param_names'})}.",
+                    problems=[(k, "unknown hyper-parameter") for k in unknown],
+                    accepted=sorted(known),
+                )
+            for group in self.param_groups:
+                for key, value in optimizer_overrides.items():
+                    if key == "lr":
+                        value = float(value) * float(group.get("lr_scale", 1.0))
+                    if isinstance(group.get(key), Tensor) and not isinstance(value, Tensor):
+                        group[key].fill_(value)
+                    else:
+                        group[key] = value
+            self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
+
+    # -------------------------------------------------------------- distributed
+    def _averageable_state(self, param: Tensor) -> Iterator[Tensor]:
+        """State tensors of ``param`` for which a mean across ranks is meaningful:
+        by default the floating tensors of the parameter's shape (moments)."""
+        for value in self.state.get(param, {}).values():
+            if isinstance(value, Tensor) and value.is_floating_point() and value.shape == param.shape:
+                yield value
+
+    @torch.no_grad()
+    def average_params(self, group: Any = None) -> None:
+        """All-reduce-average parameters (and per-parameter moments) over the
+        ``torch.distributed`` ranks of ``group``; a no-op when not initialised.
+
+        Tensors travel in one flat buffer per device and dtype, so the cost is a
+        handful of collectives, not one per parameter.
+        """
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        world = dist.get_world_size(group)
+        if world == 1:
+            return
+        tensors: list[Tensor] = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                tensors.append(p.data)
+                tensors.extend(self._averageable_state(p))
+        for bucket in _by_device_and_dtype(tensors).values():
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            flat.div_(world)
+            offset = 0
+            for t in bucket:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view_as(t))
+                offset += n
+
+
+class Optimizer(ContractMixin, torch.optim.Optimizer):
+    """Base class for optimizers written for optcore.
+
+    Subclasses implement ``step(closure=None, scale=1.0, groups=None)``
+    natively (use :meth:`_select_groups` and fold ``1/scale`` into the update),
+    set the capability flags that are true of them, and may attach a pydantic
+    ``config_schema``.
+    """
+
+    config_schema: ClassVar[Any] = None
+
+    def step(  # type: ignore[override]
+        self,
+        closure: Callable[[], float] | None = None,
+        scale: float = 1.0,
+        groups: GroupSelector = None,
+    ) -> float | None:
+        raise NotImplementedError(f"{type(self).__name__} must implement step(closure, scale, groups)")
+
+
+def is_contract_optimizer(obj: Any) -> bool:
+    """True if ``obj`` (an instance or a class) already has the optcore contract."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return issubclass(cls, ContractMixin)
+
+
+def grad_scale_tensor(scale: float | Tensor, like: Tensor) -> Tensor:
+    """``scale`` as a float32 scalar tensor on ``like``'s device (what fused kernels take)."""
+    if isinstance(scale, Tensor):
+        return scale.to(device=like.device, dtype=torch.float32)
+    return torch.tensor(float(scale), dtype=torch.float32, device=like.device)
+
+
+def finite(x: float) -> bool:
+    return math.isfinite(x)

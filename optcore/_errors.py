@@ -1,0 +1,117 @@
+"""The exceptions optcore raises.
+
+Every error a user can cause is an :class:`OptcoreError`, and each one says what
+to do next. Where a standard exception type is what callers already catch
+(``KeyError`` for an unknown name, ``ValueError`` for a bad value), the optcore
+error is also that type, so existing ``except`` clauses keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class OptcoreError(Exception):
+    """Base class of every error optcore raises on purpose."""
+
+
+class OptimizerNotFoundError(OptcoreError, KeyError):
+    """A ``type`` name that resolves nowhere.
+
+    Carries the name, the places that were searched and the closest known names.
+    """
+
+    kind = "optimizer"
+
+    def __init__(
+        self,
+        name: str,
+        searched: Sequence[str] = (),
+        suggestions: Sequence[str] = (),
+        hint: str = "",
+    ) -> None:
+        self.name = name
+        self.searched = list(searched)
+        self.suggestions = list(suggestions)
+        lines = [f"No {self.kind} named {name!r}."]
+        if self.suggestions:
+            lines.append("Did you mean: " + ", ".join(self.suggestions) + "?")
+        if self.searched:
+            lines.append("Looked in: " + "; ".join(self.searched) + ".")
+        if hint:
+            lines.append(hint)
+        else:
+            lines.append(
+                f"Run `optcore list{' --schedulers' if self.kind == 'scheduler' else ''}` "
+                "to see every available name, install the plugin that provides it, "
+                "or give a dotted path such as 'package.module:Class'."
+            )
+        self.message = "\n".join(lines)
+        super().__init__(self.message)
+
+    def __str__(self) -> str:  # KeyError would repr() the message otherwise
+        return self.message
+
+
+class SchedulerNotFoundError(OptimizerNotFoundError):
+    """A scheduler ``type`` name that resolves nowhere."""
+
+    kind = "scheduler"
+
+
+class ConfigError(OptcoreError, ValueError):
+    """A configuration that cannot be used as given.
+
+    ``problems`` holds one ``(field, message)`` pair per bad field so that tools
+    can show all of them at once; ``accepted`` lists the fields that would have
+    been accepted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        problems: Iterable[tuple[str, str]] = (),
+        accepted: Sequence[str] = (),
+        target: str | None = None,
+    ) -> None:
+        self.problems = list(problems)
+        self.accepted = list(accepted)
+        self.target = target
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PluginLoadError(OptcoreError, ImportError):
+    """A plugin whose entry point could not be loaded.
+
+    Names the distribution (and its version), the entry point and the cause, so
+    the user knows which package to fix, upgrade or uninstall.
+    """
+
+    def __init__(
+        self,
+        distribution: str | None,
+        entry_point: str,
+        cause: BaseException | str,
+        version: str | None = None,
+    ) -> None:
+        self.distribution = distribution
+        self.version = version
+        self.entry_point = entry_point
+        self.cause = cause
+        dist = distribution or "<unknown distribution>"
+        if version:
+            dist = f"{dist} {version}"
+        detail = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else cause
+        self.message = (
+            f"Plugin {dist} failed to load entry point {entry_point!r}: {detail}\n"
+            f"Reinstall or upgrade {distribution or 'the plugin'}, uninstall it, or set "
+            "OPTCORE_PLUGINS to load only the plugins you need."
+        )
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
