@@ -1,0 +1,131 @@
+"""Give a ``torch.optim`` or third-party optimizer class the optcore contract.
+
+:func:`adapt` returns a subclass ``(ContractMixin, cls)``: the original class's
+``__init__`` and ``step`` run unchanged, ``isinstance`` with the original class
+holds, and the contract's members come from the mixin. The subclasses are
+cached and importable by name from this module (``optcore._adapt.AdamW``), so
+an adapted optimizer pickles and deep-copies like the original.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from ._contract import ContractMixin, grad_scale_tensor
+
+_cache: dict[type, type] = {}
+_lock = threading.Lock()
+
+
+class _FusedScaleMixin(ContractMixin):
+    """For torch classes whose fused kernels take a ``grad_scale`` input
+    (Adam, AdamW, SGD, Adagrad): ``step(scale=s)`` hands ``s`` to the kernel,
+    which divides the gradients inside the same pass over memory."""
+
+    @property  # type: ignore[override]
+    def supports_step_with_scale(self) -> bool:
+        return bool(self.param_groups) and all(g.get("fused") for g in self.param_groups)
+
+    def _folds_scale(self) -> bool:
+        return self.supports_step_with_scale
+
+    def _step_with_grad_scale(self, scale: float) -> None:
+        first = self.param_groups[0]["params"][0]
+        previous = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler
+        combined = grad_scale_tensor(scale, first)
+        if previous is not None:
+            combined = combined * previous.to(combined.device)
+        self.grad_scale = combined
+        try:
+            self._base_step(None)
+        finally:
+            if previous is None:
+                del self.grad_scale
+            else:
+                self.grad_scale = previous
+
+
+def adapt(
+    cls: type[torch.optim.Optimizer],
+    *,
+    flat_params: bool | None = None,
+    groups: bool | None = None,
+    memory_efficient_fp16: bool = False,
+) -> type:
+    """The contract-carrying subclass of ``cls`` (cached per class).
+
+    The capability flags are what is *true* of ``cls``: for torch classes they
+    come from optcore's table; for other classes they default to False (no
+    flat params, no memory-efficient fp16) unless the class declares them, and
+    True for groups (the adapter implements group selection itself).
+    """
+    if issubclass(cls, ContractMixin):
+        return cls
+    with _lock:
+        cached = _cache.get(cls)
+        if cached is not None:
+            return cached
+        from ._torch_optims import PASSES_CLOSURE, SINGLE_GROUP, TORCH_OPTIMIZERS
+
+        is_torch = cls.__module__.startswith("torch.optim") and cls.__name__ in TORCH_OPTIMIZERS
+        pointwise, takes_grad_scale = TORCH_OPTIMIZERS[cls.__name__][1:] if is_torch else (False, False)
+        mixin: type = _FusedScaleMixin if takes_grad_scale else ContractMixin
+        namespace: dict[str, Any] = {
+            "__module__": __name__,
+            "__qualname__": _public_name(cls),
+            "__doc__": cls.__doc__,
+            "supports_flat_params": getattr(cls, "supports_flat_params", pointwise)
+            if flat_params is None
+            else flat_params,
+            "supports_groups": (cls.__name__ not in SINGLE_GROUP if is_torch else True) if groups is None else groups,
+            "supports_memory_efficient_fp16": getattr(cls, "supports_memory_efficient_fp16", memory_efficient_fp16),
+            "_passes_closure": is_torch and cls.__name__ in PASSES_CLOSURE,
+            "adapted_from": cls,
+        }
+        adapted = type(cls.__name__, (mixin, cls), namespace)
+        _cache[cls] = adapted
+        setattr(sys.modules[__name__], adapted.__qualname__, adapted)
+        return adapted
+
+
+def _public_name(cls: type) -> str:
+    if cls.__module__.startswith("torch.optim"):
+        return cls.__name__
+    return f"{cls.__module__.replace('.', '_')}__{cls.__name__}"
+
+
+def __getattr__(name: str) -> type:
+    """Re-create an adapted class on unpickling in a fresh process."""
+    if name.startswith("_"):
+        raise AttributeError(name)
+    if name in torch.optim.__dict__ and isinstance(torch.optim.__dict__[name], type):
+        return adapt(torch.optim.__dict__[name])
+    module, sep, cls_name = name.rpartition("__")
+    if sep:
+        import importlib
+
+        for candidate in _module_candidates(module):
+            try:
+                if not candidate or candidate.startswith("."):
+                    continue
+                target = getattr(importlib.import_module(candidate), cls_name)
+            except (ImportError, AttributeError):
+                continue
+            return adapt(target)
+    raise AttributeError(name)
+
+
+def _module_candidates(mangled: str) -> list[str]:
+    # "pkg_sub_mod" could be pkg.sub_mod or pkg_sub.mod: try the dotted splits.
+    parts = mangled.split("_")
+    out = []
+    for mask in range(1 << max(len(parts) - 1, 0)):
+        name = parts[0]
+        for i, part in enumerate(parts[1:]):
+            name += ("." if mask >> i & 1 else "_") + part
+        out.append(name)
+    return out

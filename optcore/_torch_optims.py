@@ -1,0 +1,222 @@
+"""Schemas and capability facts for the optimizers in ``torch.optim``.
+
+The schemas mirror the ``__init__`` signatures of torch 2.x with the
+constraints torch itself enforces (or should: torch accepts ``momentum=-1``
+for SGD). ``tests/test_torch_optims.py`` checks that every field here exists in
+the installed torch's signature, so a torch upgrade that renames a field fails
+loudly instead of silently dropping it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from ._schema import LR, Beta, Betas, Eps, Flag, HParams, Literalish, Momentum, OptionalFlag, WeightDecay
+
+NonNegative = Annotated[float, Literalish, Field(ge=0.0)]
+Positive = Annotated[float, Literalish, Field(gt=0.0)]
+PositiveInt = Annotated[int, Literalish, Field(gt=0)]
+
+
+class _Impl(HParams):
+    """Implementation switches shared by most torch optimizers.
+
+    ``foreach=None`` and ``fused=None`` let optcore pick the fastest path torch
+    has for the parameters' device and dtype (fused where supported)."""
+
+    maximize: Flag = Field(False, description="maximize the objective instead of minimizing")
+    foreach: OptionalFlag = Field(None, description="multi-tensor path; None lets optcore choose")
+    differentiable: Flag = Field(False, description="autograd through the step (slow)")
+
+
+class _Fusable(_Impl):
+    fused: OptionalFlag = Field(None, description="fused kernel; None = fused where the device supports it")
+
+    @model_validator(mode="after")
+    def _one_path(self) -> _Fusable:
+        if self.fused and self.foreach:
+            raise ValueError("fused=True and foreach=True are exclusive: set one of them")
+        if self.fused and self.differentiable:
+            raise ValueError("fused=True does not support differentiable=True")
+        return self
+
+
+class SGDConfig(_Fusable):
+    """Stochastic gradient descent, with optional (Nesterov) momentum."""
+
+    lr: LR = 1e-3
+    momentum: Momentum = 0.0
+    dampening: NonNegative = 0.0
+    weight_decay: WeightDecay = 0.0
+    nesterov: Flag = False
+
+    @model_validator(mode="after")
+    def _nesterov(self) -> SGDConfig:
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ValueError("nesterov=True needs momentum > 0 and dampening = 0")
+        return self
+
+
+class AdamConfig(_Fusable):
+    """Adam (Kingma & Ba); ``decoupled_weight_decay=True`` makes it AdamW."""
+
+    lr: LR = 1e-3
+    betas: Betas = (0.9, 0.999)
+    eps: Eps = 1e-8
+    weight_decay: WeightDecay = 0.0
+    amsgrad: Flag = False
+    capturable: Flag = False
+    decoupled_weight_decay: Flag = False
+
+
+class AdamWConfig(_Fusable):
+    """Adam with decoupled weight decay (Loshchilov & Hutter)."""
+
+    lr: LR = 1e-3
+    betas: Betas = (0.9, 0.999)
+    eps: Eps = 1e-8
+    weight_decay: WeightDecay = 1e-2
+    amsgrad: Flag = False
+    capturable: Flag = False
+
+
+class AdamaxConfig(_Impl):
+    lr: LR = 2e-3
+    betas: Betas = (0.9, 0.999)
+    eps: Eps = 1e-8
+    weight_decay: WeightDecay = 0.0
+    capturable: Flag = False
+
+
+class NAdamConfig(_Impl):
+    lr: LR = 2e-3
+    betas: Betas = (0.9, 0.999)
+    eps: Eps = 1e-8
+    weight_decay: WeightDecay = 0.0
+    momentum_decay: NonNegative = 4e-3
+    decoupled_weight_decay: Flag = False
+    capturable: Flag = False
+
+
+class RAdamConfig(_Impl):
+    lr: LR = 1e-3
+    betas: Betas = (0.9, 0.999)
+    eps: Eps = 1e-8
+    weight_decay: WeightDecay = 0.0
+    decoupled_weight_decay: Flag = False
+    capturable: Flag = False
+
+
+class RMSpropConfig(_Impl):
+    lr: LR = 1e-2
+    alpha: Annotated[float, Literalish, Field(ge=0.0, le=1.0, description="smoothing constant")] = 0.99
+    eps: Eps = 1e-8
+    weight_decay: WeightDecay = 0.0
+    momentum: Momentum = 0.0
+    centered: Flag = False
+    capturable: Flag = False
+
+
+class AdagradConfig(_Fusable):
+    lr: LR = 1e-2
+    lr_decay: NonNegative = 0.0
+    weight_decay: WeightDecay = 0.0
+    initial_accumulator_value: NonNegative = 0.0
+    eps: Eps = 1e-10
+
+
+class AdadeltaConfig(_Impl):
+    lr: LR = 1.0
+    rho: Annotated[float, Literalish, Field(ge=0.0, le=1.0)] = 0.9
+    eps: Eps = 1e-6
+    weight_decay: WeightDecay = 0.0
+    capturable: Flag = False
+
+
+class ASGDConfig(_Impl):
+    lr: LR = 1e-2
+    lambd: NonNegative = 1e-4
+    alpha: NonNegative = 0.75
+    t0: NonNegative = 1e6
+    weight_decay: WeightDecay = 0.0
+    capturable: Flag = False
+
+
+class RpropConfig(_Impl):
+    lr: LR = 1e-2
+    etas: Annotated[tuple[Positive, Positive], Literalish, Field(description="(decrease, increase) factors")] = (0.5, 1.2)
+    step_sizes: Annotated[tuple[NonNegative, NonNegative], Literalish, Field(description="(min, max) step")] = (1e-6, 50.0)
+    capturable: Flag = False
+
+    @model_validator(mode="after")
+    def _etas(self) -> RpropConfig:
+        if not 0.0 < self.etas[0] < 1.0 < self.etas[1]:
+            raise ValueError(f"etas must satisfy 0 < etaminus < 1 < etaplus, got {self.etas}")
+        return self
+
+
+class LBFGSConfig(HParams):
+    lr: LR = 1.0
+    max_iter: PositiveInt = 20
+    max_eval: Annotated[int | None, Literalish, Field(gt=0)] = None
+    tolerance_grad: NonNegative = 1e-7
+    tolerance_change: NonNegative = 1e-9
+    history_size: PositiveInt = 100
+    line_search_fn: Literal["strong_wolfe"] | None = None
+
+
+class SparseAdamConfig(HParams):
+    lr: LR = 1e-3
+    betas: Betas = (0.9, 0.999)
+    eps: Eps = 1e-8
+    maximize: Flag = False
+
+
+class TorchAdafactorConfig(HParams):
+    """torch's own Adafactor (torch >= 2.5): no relative step, no update
+    clipping; not the fairseq/Hugging Face algorithm (see optcore-adafactor)."""
+
+    lr: LR = 1e-2
+    beta2_decay: Annotated[float, Literalish, Field(le=0.0)] = -0.8
+    eps: Annotated[tuple[NonNegative | None, NonNegative], Literalish] = (None, 1e-3)
+    d: Positive = 1.0
+    weight_decay: WeightDecay = 0.0
+    foreach: OptionalFlag = None
+    maximize: Flag = False
+
+
+class MuonConfig(HParams):
+    lr: LR = 1e-3
+    weight_decay: WeightDecay = 0.1
+    momentum: Beta = 0.95
+    nesterov: Flag = True
+    ns_coefficients: Annotated[tuple[float, float, float], Literalish] = (3.4445, -4.775, 2.0315)
+    eps: Eps = 1e-7
+    ns_steps: PositiveInt = 5
+    adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = None
+
+
+#: name -> (schema, pointwise update (works on a flat param), fused kernel takes grad_scale)
+TORCH_OPTIMIZERS: dict[str, tuple[type[HParams], bool, bool]] = {
+    "SGD": (SGDConfig, True, True),
+    "Adam": (AdamConfig, True, True),
+    "AdamW": (AdamWConfig, True, True),
+    "Adamax": (AdamaxConfig, True, False),
+    "NAdam": (NAdamConfig, True, False),
+    "RAdam": (RAdamConfig, True, False),
+    "RMSprop": (RMSpropConfig, True, False),
+    "Adagrad": (AdagradConfig, True, True),
+    "Adadelta": (AdadeltaConfig, True, False),
+    "ASGD": (ASGDConfig, True, False),
+    "Rprop": (RpropConfig, True, False),
+    "LBFGS": (LBFGSConfig, False, False),
+    "SparseAdam": (SparseAdamConfig, False, False),
+    "Adafactor": (TorchAdafactorConfig, False, False),
+    "Muon": (MuonConfig, False, False),
+}
+
+#: Classes that can only hold one param group / must run the closure themselves.
+SINGLE_GROUP = frozenset({"LBFGS"})
+PASSES_CLOSURE = frozenset({"LBFGS"})
