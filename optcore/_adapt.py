@@ -9,6 +9,7 @@ an adapted optimizer pickles and deep-copies like the original.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 from typing import Any
@@ -81,15 +82,40 @@ def adapt(
             "supports_flat_params": getattr(cls, "supports_flat_params", pointwise)
             if flat_params is None
             else flat_params,
-            "supports_groups": (cls.__name__ not in SINGLE_GROUP if is_torch else True) if groups is None else groups,
+            # Outside torch we cannot vouch that groups are independent (D-Adaptation,
+            # Prodigy and Adai pool statistics over all groups), so a class must say so.
+            "supports_groups": (cls.__name__ not in SINGLE_GROUP if is_torch else getattr(cls, "supports_groups", False))
+            if groups is None
+            else groups,
             "supports_memory_efficient_fp16": getattr(cls, "supports_memory_efficient_fp16", memory_efficient_fp16),
             "_passes_closure": is_torch and cls.__name__ in PASSES_CLOSURE,
             "adapted_from": cls,
         }
+        # A member the class already defines for its own use (pytorch_optimizer's
+        # AdaFactor has get_lr(lr, step, ...)) keeps the class's meaning: its
+        # step calls it. The contract member is then unavailable, and says so.
+        conflicts = [m for m in CONTRACT_MEMBERS if _defined_below_torch(cls, m)]
+        for member in conflicts:
+            namespace[member] = inspect.getattr_static(cls, member)
+        namespace["contract_conflicts"] = tuple(conflicts)
         adapted = type(cls.__name__, (mixin, cls), namespace)
         _cache[cls] = adapted
         setattr(sys.modules[__name__], adapted.__qualname__, adapted)
         return adapted
+
+
+CONTRACT_MEMBERS = (
+    "get_lr", "set_lr", "get_lrs", "backward", "multiply_grads", "clip_grad_norm", "average_params", "optimizer_config",
+)
+
+
+def _defined_below_torch(cls: type, member: str) -> bool:
+    for klass in cls.__mro__:
+        if klass in (torch.optim.Optimizer, object):
+            return False
+        if member in vars(klass):
+            return True
+    return False
 
 
 def _public_name(cls: type) -> str:

@@ -199,6 +199,12 @@ class ContractMixin:
                     "scale= or groups=; unscale the loss in the closure instead."
                 )
             return self._base_step(closure)
+        if groups is not None and not self.supports_groups:
+            raise ConfigError(
+                f"{type(self).__name__} does not support step(groups=...): its update may couple param groups "
+                "(or optcore cannot vouch that it does not). Step all groups, or use an optimizer whose "
+                "supports_groups is True."
+            )
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -235,6 +241,16 @@ class ContractMixin:
         raise NotImplementedError
 
     # --------------------------------------------------------------- checkpoint
+    def __getstate__(self) -> dict[str, Any]:
+        """Keep every attribute on copy/pickle (torch keeps only ``defaults``,
+        ``state`` and ``param_groups``, which breaks classes that store more,
+        e.g. LBFGS's ``_params`` or lion-pytorch's ``decoupled_wd``). A ``step``
+        patched onto the instance by an LR scheduler stays behind: it is bound
+        to this object, and a copy has no scheduler."""
+        state = self.__dict__.copy()
+        state.pop("step", None)
+        return state
+
     def load_state_dict(  # type: ignore[override]
         self,
         state_dict: Mapping[str, Any],

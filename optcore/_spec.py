@@ -54,6 +54,14 @@ class OptimizerSpec:
     kind: str = "optimizer"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> OptimizerSpec:
+        return self  # immutable record: optimizers carrying it deep-copy cheaply
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from ._registry import resolve
+
+        return (resolve, (self.qualified,))
+
     # ----------------------------------------------------------- lazy members
     @cached_property
     def target(self) -> Any:

@@ -1,0 +1,409 @@
+"""Learning-rate schedulers by name: resolve, build, register, list.
+
+Names resolve like optimizer names (case, ``_`` and ``-`` do not matter), in
+this order:
+
+1. ``torch.optim.lr_scheduler`` classes (``StepLR``, ``OneCycleLR``,
+   ``ReduceLROnPlateau``, which is also transformers' ``reduce_lr_on_plateau``);
+2. the built-in named schedules of :mod:`optcore.schedules` (transformers' and
+   fairseq's names);
+3. ``register_scheduler`` in user code, then entry points in group
+   ``optcore.schedulers`` (a plugin is imported when one of its names is asked
+   for; a broken one fails for its own names only).
+
+The machinery is the optimizers' :class:`~optcore._registry.Registry`; this
+module adds :class:`SchedulerSpec` and the build rules shared by every
+schedule: warm-up is ``warmup_steps`` (``num_warmup_steps`` and fairseq's
+``warmup_updates`` are the same key), the run length is ``num_training_steps``
+(config or call), and a schedule that needs it and lacks it is a
+:class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from ._config import to_plain
+from ._errors import ConfigError, OptcoreError, SchedulerNotFoundError
+from ._plugins import SCHEDULERS_GROUP
+from ._registry import Registry
+from ._schema import parse_optim_args, validate_hparams
+from ._spec import OptimizerSpec
+
+#: The spellings of the warm-up length; a schedule's schema has at most one.
+WARMUP_KEYS = ("warmup_steps", "num_warmup_steps", "warmup_updates")
+#: Config keys that carry more hyper-parameters (transformers' spellings).
+KWARGS_KEYS = ("scheduler_specific_kwargs", "lr_scheduler_kwargs")
+
+
+@dataclass(frozen=True, eq=False)
+class SchedulerSpec(OptimizerSpec):
+    """One scheduler name and where it comes from.
+
+    ``target`` (the class or factory) and ``schema`` load on first access, as
+    for :class:`~optcore.OptimizerSpec`; ``needs_metric`` says that
+    ``step(metric)`` drives it, ``needs_total`` that it cannot be built
+    without ``num_training_steps``.
+    """
+
+    kind: str = "scheduler"
+
+    @cached_property
+    def schema(self) -> Any:
+        if self.explicit_schema is not None:
+            return self.explicit_schema
+        declared = getattr(self.target, "config_schema", None)
+        if declared is not None:
+            return declared
+        from .schedules._torch import torch_schema
+
+        return torch_schema(self.target)
+
+    def _flag(self, attr: str) -> bool | None:
+        value = getattr(self.target, attr, None)
+        return value if isinstance(value, bool) else None
+
+    @property
+    def needs_metric(self) -> bool:
+        flag = self._flag("needs_metric")
+        if flag is not None:
+            return flag
+        return isinstance(self.target, type) and issubclass(self.target, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    @property
+    def total_field(self) -> str | None:
+        """The field that holds the run length (filled from ``num_training_steps``)."""
+        declared = getattr(self.target, "total_field", None)
+        if isinstance(declared, str):
+            return declared
+        from .schedules._torch import TOTAL_FIELDS
+
+        if self.source == "torch" and self.name in TOTAL_FIELDS:
+            return TOTAL_FIELDS[self.name][0]
+        return "num_training_steps" if "num_training_steps" in self.schema.model_fields else None
+
+    @property
+    def needs_total(self) -> bool:
+        flag = self._flag("needs_total")
+        if flag is not None:
+            return flag
+        field = self.total_field
+        return field is not None and field in self.schema.model_fields and self.schema.model_fields[field].is_required()
+
+    @property
+    def warmup_field(self) -> str | None:
+        """The schema's spelling of the warm-up length, if it has one."""
+        return next((k for k in WARMUP_KEYS if k in self.schema.model_fields), None)
+
+    @property
+    def decays(self) -> bool:
+        flag = self._flag("decays")
+        if flag is not None:
+            return flag
+        from .schedules._torch import NON_DECAYING
+
+        return not (self.source == "torch" and self.name in NON_DECAYING)
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out.update(needs_metric=self.needs_metric, needs_total=self.needs_total, description=self.description)
+        return out
+
+
+def _as_scheduler_spec(spec: OptimizerSpec) -> SchedulerSpec:
+    """The registry builds plain specs for plugins, registrations and objects;
+    give them the scheduler members (sharing the lazy loader)."""
+    shadowed = tuple(_as_scheduler_spec(s) for s in spec.shadowed)
+    if isinstance(spec, SchedulerSpec) and all(a is b for a, b in zip(shadowed, spec.shadowed)):
+        return spec
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(OptimizerSpec) if f.init and f.name != "_lock"}
+    new = SchedulerSpec(**{**fields, "shadowed": shadowed, "kind": "scheduler"})
+    if "target" in spec.__dict__:
+        new.__dict__["target"] = spec.__dict__["target"]
+    return new
+
+
+def _torch_specs() -> list[SchedulerSpec]:
+    from torch.optim import lr_scheduler as tls
+
+    from .schedules._torch import torch_scheduler_names
+
+    return [
+        SchedulerSpec(
+            name=name,
+            source="torch",
+            provider="torch",
+            qualified=f"torch:{name}",
+            loader=(lambda name=name: getattr(tls, name)),
+            version=torch.__version__,
+        )
+        for name in torch_scheduler_names()
+    ]
+
+
+def _builtin_specs() -> list[SchedulerSpec]:
+    from . import __version__
+    from .schedules import BUILTINS
+
+    return [
+        SchedulerSpec(
+            name=cls.name,
+            source="builtin",  # type: ignore[arg-type]
+            provider="optcore",
+            qualified=f"optcore:{cls.name}",
+            loader=(lambda cls=cls: cls),
+            version=__version__,
+        )
+        for cls in BUILTINS
+    ]
+
+
+def _validate_scheduler_target(obj: Any) -> None:
+    if not callable(obj):
+        raise TypeError(f"entry point object {obj!r} is not a scheduler class or factory")
+    schema = getattr(obj, "config_schema", None)
+    if schema is not None:
+        from pydantic import BaseModel
+
+        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise TypeError(f"{obj!r}.config_schema must be a pydantic BaseModel subclass, got {schema!r}")
+
+
+class _SchedulerRegistry(Registry):
+    def _searched(self) -> list[str]:
+        return [
+            "torch.optim.lr_scheduler",
+            "optcore built-in schedules",
+            "register_scheduler()",
+            f"plugins (entry points {self.group})",
+        ]
+
+
+SCHEDULERS = _SchedulerRegistry(
+    "scheduler",
+    SCHEDULERS_GROUP,
+    [_torch_specs, _builtin_specs],
+    not_found=SchedulerNotFoundError,
+    validate=_validate_scheduler_target,
+)
+
+
+# ------------------------------------------------------------------ look-up
+def resolve_scheduler(name: Any) -> SchedulerSpec:
+    """The :class:`SchedulerSpec` for ``name`` (a name, ``"torch:StepLR"``,
+    ``"optcore:cosine"``, ``"pkg.mod:Class"``, or a class); raises
+    :class:`SchedulerNotFoundError` with the closest names if none."""
+    return _as_scheduler_spec(SCHEDULERS.resolve(name))
+
+
+def list_schedulers(all: bool = False) -> list[SchedulerSpec]:
+    """Every resolvable scheduler name once (``all=True``: shadowed providers too)."""
+    return [_as_scheduler_spec(s) for s in SCHEDULERS.list(all=all)]
+
+
+def register_scheduler(name_or_target: Any = None, target: Any = None, *, schema: Any = None, override: bool = False) -> Any:
+    """Register a scheduler class or factory (called as ``target(optimizer,
+    **hparams)``), like :func:`optcore.register_optimizer`::
+
+        @register_scheduler("my_sched", schema=MySchedConfig)
+        class MySched(torch.optim.lr_scheduler.LRScheduler): ...
+
+        register_scheduler("my_sched", make_my_sched)
+        register_scheduler(MySched)
+
+    Without ``schema``, the class's ``config_schema`` or its signature is used.
+    Class attributes ``needs_metric``, ``needs_total``, ``total_field`` and
+    ``decays`` (bools / a field name) tell optcore how to build and step it.
+    """
+    return SCHEDULERS.register(name_or_target, target, schema=schema, override=override)
+
+
+def unregister_scheduler(name: str) -> None:
+    """Remove a ``register_scheduler`` registration."""
+    SCHEDULERS.unregister(name)
+
+
+# -------------------------------------------------------------------- build
+def build_scheduler(config: Any, optimizer: torch.optim.Optimizer, num_training_steps: int | None = None) -> Any:
+    """Build the scheduler ``config`` describes for ``optimizer``.
+
+    ``config``: ``{"type": "cosine", "warmup_steps": 500, ...}``, a type name,
+    the nested form ``{"lr_scheduler": {...}}``, a pydantic model or an
+    OmegaConf ``DictConfig``; ``None`` gives ``None``. ``num_training_steps``
+    fills the schedule's run length unless the config sets it.
+
+    Warns when the combination is likely wrong (a decaying schedule on a
+    schedule-free optimizer or on Adafactor in relative-step mode, a warm-up
+    longer than the run); raises :class:`ConfigError` for bad or missing
+    fields.
+    """
+    if config is None:
+        return None
+    cfg = _scheduler_config(config)
+    spec = resolve_scheduler(cfg.pop("type"))
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(
+            f"build_scheduler needs a torch.optim.Optimizer, got {type(optimizer).__name__}; build one with "
+            "optcore.build_optimizer(...) first.",
+            problems=[("optimizer", "not a torch.optim.Optimizer")],
+        )
+    values = _normalise_keys(spec, cfg, num_training_steps)
+    kwargs = validate_hparams(spec.schema, values, spec.name)
+    if spec.name != "pass_through" and any(g.get("lr") is None for g in optimizer.param_groups):
+        raise ConfigError(
+            f"{type(optimizer).__name__} has no learning rate (lr=None, e.g. Adafactor in relative-step mode "
+            f"computes its own), so there is nothing for {spec.name!r} to schedule. Use {{'type': 'pass_through'}}, "
+            "or give the optimizer an lr.",
+            problems=[("type", "optimizer has no lr")],
+            target=spec.name,
+        )
+    _warn_about_combination(spec, kwargs, optimizer)
+    try:
+        return _construct(spec, optimizer, kwargs)
+    except OptcoreError:
+        raise
+    except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
+        raise ConfigError(
+            f"{spec.qualified} rejected its configuration: {exc}",
+            problems=[("<constructor>", str(exc))],
+            target=spec.name,
+        ) from exc
+
+
+def _scheduler_config(config: Any) -> dict[str, Any]:
+    if isinstance(config, (str, type)) or (callable(config) and not isinstance(config, Mapping) and not hasattr(config, "model_dump")):
+        return {"type": config}
+    plain = to_plain(config)
+    if not isinstance(plain, Mapping):
+        raise ConfigError(
+            f"A scheduler config must be a mapping with a 'type' key (or a type name), got "
+            f"{type(config).__name__}: {config!r}.",
+            problems=[("<config>", "not a mapping")],
+        )
+    plain = dict(plain)
+    if "type" not in plain:
+        for key in ("lr_scheduler", "scheduler"):
+            if isinstance(plain.get(key), (Mapping, str)):
+                return _scheduler_config(plain[key])
+        raise ConfigError(
+            "The scheduler config has no 'type' key: say which schedule to build, e.g. "
+            f"{{'type': 'cosine', 'warmup_steps': 500}}. Keys given: {sorted(plain)}.",
+            problems=[("type", "missing")],
+        )
+    for key in KWARGS_KEYS:
+        extra = plain.pop(key, None)
+        if not extra:
+            continue
+        extra = parse_optim_args(extra) if isinstance(extra, str) else dict(extra)
+        clash = sorted(set(extra) & set(plain))
+        if clash:
+            raise ConfigError(f"{clash} given both in {key} and in the config; keep one.", problems=[(k, "given twice") for k in clash])
+        plain.update(extra)
+    return plain
+
+
+def _normalise_keys(spec: SchedulerSpec, cfg: dict[str, Any], call_total: int | None) -> dict[str, Any]:
+    """One spelling of warm-up and run length, whatever the reference's."""
+    warm = spec.warmup_field
+    given = [k for k in WARMUP_KEYS if k in cfg]
+    if warm is not None and given:
+        values = {cfg.pop(k) for k in given}
+        if len(values) > 1:
+            raise ConfigError(
+                f"{spec.name}: the warm-up length is given twice with different values ({', '.join(given)}); "
+                f"keep one ({warm!r} is the schedule's own spelling).",
+                problems=[(k, "given twice") for k in given],
+                target=spec.name,
+            )
+        cfg[warm] = values.pop()
+
+    total = spec.total_field
+    if total != "num_training_steps" and "num_training_steps" in cfg:
+        alias = cfg.pop("num_training_steps")
+        if total is not None:  # schedules without a run length ignore it, as a call argument would be
+            if cfg.get(total) is not None and cfg[total] != alias:
+                raise ConfigError(
+                    f"{spec.name}: num_training_steps={alias} and {total}={cfg[total]} disagree; keep one.",
+                    problems=[(total, "given twice")],
+                    target=spec.name,
+                )
+            cfg[total] = alias
+    if total is not None and call_total is not None:
+        from .schedules._torch import TOTAL_FIELDS
+
+        replaced_by = TOTAL_FIELDS.get(spec.name, ("", ()))[1] if spec.source == "torch" else ()
+        if cfg.get(total) is None and not any(k in cfg for k in replaced_by):
+            cfg[total] = call_total
+        elif cfg.get(total) is not None and cfg[total] != call_total:
+            warnings.warn(
+                f"{spec.name}: the config's {total}={cfg[total]} wins over build_scheduler(num_training_steps="
+                f"{call_total}).",
+                UserWarning,
+                stacklevel=3,
+            )
+    if spec.needs_total and cfg.get(total) is None:  # type: ignore[arg-type]
+        raise ConfigError(
+            f"{spec.name} needs the length of the run: pass build_scheduler(..., num_training_steps=N) "
+            f"(optcore.build passes its num_training_steps) or set {total!r} in the scheduler config.",
+            problems=[(str(total), "missing")],
+            target=spec.name,
+        )
+    return cfg
+
+
+def _optimizer_classes(optimizer: Any) -> list[str]:
+    """Class names of the optimizer and of the optimizers it wraps."""
+    names: list[str] = []
+    seen = 0
+    while optimizer is not None and seen < 4:
+        names += [c.__name__ for c in type(optimizer).__mro__]
+        optimizer = getattr(optimizer, "optimizer", None)
+        seen += 1
+    return names
+
+
+def _warn_about_combination(spec: SchedulerSpec, kwargs: dict[str, Any], optimizer: Any) -> None:
+    warm, total = spec.warmup_field, spec.total_field
+    w = kwargs.get(warm) if warm else None
+    n = kwargs.get(total) if total else None
+    if isinstance(w, int) and isinstance(n, int) and w > n:
+        warnings.warn(
+            f"{spec.name}: {warm}={w} is longer than the run ({total}={n}); the learning rate never reaches its "
+            "peak. Shorten the warm-up or check num_training_steps.",
+            UserWarning,
+            stacklevel=3,
+        )
+    if not spec.decays:
+        return
+    if any(g.get("relative_step") for g in optimizer.param_groups):
+        warnings.warn(
+            f"{type(optimizer).__name__} runs in relative-step mode (relative_step=True): it computes its own step "
+            f"size and ignores the group lr, so the {spec.name!r} schedule has no effect. Use "
+            "{'type': 'pass_through'}, or give the optimizer an lr with relative_step=False.",
+            UserWarning,
+            stacklevel=3,
+        )
+    elif any("schedulefree" in c.lower() for c in _optimizer_classes(optimizer)):
+        warnings.warn(
+            f"{type(optimizer).__name__} is schedule-free: it replaces the decay by iterate averaging, and a "
+            f"decaying schedule ({spec.name!r}) works against it. Use 'constant' or 'constant_with_warmup'.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _construct(spec: SchedulerSpec, optimizer: torch.optim.Optimizer, kwargs: dict[str, Any]) -> Any:
+    target = spec.target
+    if spec.source == "torch":
+        from .schedules._torch import construct, scale_absolute_lrs
+
+        kwargs = scale_absolute_lrs(spec.name, kwargs, optimizer)
+        return construct(target, optimizer, kwargs, lambda sub: build_scheduler(sub, optimizer))
+    return target(optimizer, **kwargs)

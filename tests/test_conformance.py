@@ -1,0 +1,55 @@
+"""Every optimizer that resolves here runs through the shared conformance kit.
+
+Third-party classes that break a check upstream are listed in
+``KNOWN_UPSTREAM_FAILURES`` with the reason (and marked xfail, strict, so a fix
+upstream is noticed); there are no per-name special cases in the checks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import optcore
+from optcore.testing import CHECKS, run_check
+
+
+
+def _specs() -> list:
+    out = []
+    for spec in optcore.list_optimizers(all=True):
+        if spec.source == "package" and spec.provider in {"bitsandbytes", "timm"}:
+            continue  # not importable on this CPU-only set-up
+        out.append(spec)
+    return out
+
+
+_ADAFACTOR_GET_LR = (
+    "pytorch_optimizer's AdaFactor defines get_lr(lr, step, rms, ...) for its own step; the adapter keeps "
+    "the class's method (overriding it would break the update), so the contract's get_lr() is unavailable"
+)
+_KRON_RANDOM = (
+    "pytorch_optimizer's Kron updates its preconditioner at random steps (update_prob), drawing from the "
+    "global RNG, so two identical runs diverge"
+)
+KNOWN_UPSTREAM_FAILURES: dict[tuple[str, str], str] = {
+    ("pytorch_optimizer:AdaFactor", "contract"): _ADAFACTOR_GET_LR,
+    ("pytorch_optimizer:AdaFactor", "lr_scheduler"): _ADAFACTOR_GET_LR,
+    **{("pytorch_optimizer:Kron", c): _KRON_RANDOM for c in ("state_dict_roundtrip", "step_with_scale", "closure", "deepcopy")},
+}
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+@pytest.mark.parametrize("spec", _specs(), ids=lambda s: s.qualified)
+def test_conformance(spec, check):
+    try:
+        spec.target
+    except optcore.PluginLoadError as exc:
+        pytest.skip(f"{spec.qualified} does not import here: {exc.cause}")
+    if getattr(spec.target, "wraps_optimizer", False):
+        pytest.skip("wrappers are checked with an inner optimizer in their own tests")
+    reason = KNOWN_UPSTREAM_FAILURES.get((spec.qualified, check))
+    if reason:
+        with pytest.raises(AssertionError):
+            run_check(check, spec.qualified)
+        pytest.xfail(reason)
+    run_check(check, spec.qualified)

@@ -1,0 +1,376 @@
+"""Scheduler look-up, registration, plugins, config forms, errors and warnings."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import optcore
+from optcore import ConfigError, PluginLoadError, SchedulerNotFoundError
+from optcore._plugins import refresh
+from optcore._schedulers import SchedulerSpec, unregister_scheduler
+from optcore.schedules import BUILTINS
+
+HF_NAMES = [
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt",
+    "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay", "greedy",
+]
+FAIRSEQ_NAMES = ["tri_stage", "triangular", "fixed", "polynomial_decay", "step", "manual", "pass_through"]
+
+
+def sgd(lr=1e-3, **group):
+    return torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(2))], **group}], lr=lr)
+
+
+# ------------------------------------------------------------------ look-up
+@pytest.mark.parametrize("name", HF_NAMES + FAIRSEQ_NAMES)
+def test_every_named_schedule_resolves_with_a_schema(name):
+    spec = optcore.resolve_scheduler(name)
+    assert isinstance(spec, SchedulerSpec)
+    assert spec.schema is not None and spec.description
+    assert spec.source in ("builtin", "torch")
+
+
+@pytest.mark.parametrize("cls", BUILTINS, ids=[c.name for c in BUILTINS])
+def test_builtins_document_their_formula_and_build_from_their_example(cls):
+    doc = cls.__doc__ or ""
+    assert any(sym in doc for sym in ("=", "factor", "lr(")), "the docstring gives the formula"
+    assert optcore.resolve_scheduler(cls.name).target is cls
+    sched = optcore.build_scheduler({"type": cls.name, **cls.example}, sgd(), num_training_steps=1000)
+    assert isinstance(sched, torch.optim.lr_scheduler.LRScheduler)
+
+
+def test_torch_schedulers_resolve_by_name_with_derived_schemas():
+    spec = optcore.resolve_scheduler("step_lr")
+    assert spec.target is torch.optim.lr_scheduler.StepLR and spec.source == "torch"
+    assert set(spec.schema.model_fields) >= {"step_size", "gamma"}
+    names = {s.name for s in optcore.list_schedulers()}
+    assert {"StepLR", "OneCycleLR", "ReduceLROnPlateau", "CosineAnnealingLR", "cosine", "tri_stage"} <= names
+    for spec in optcore.list_schedulers():
+        spec.schema.model_json_schema()  # every schema is complete (no dangling forward references)
+
+
+def test_names_ignore_case_dash_and_underscore():
+    assert optcore.resolve_scheduler("Cosine-With-Restarts").name == "cosine_with_restarts"
+    assert optcore.resolve_scheduler("reducelronplateau").target is torch.optim.lr_scheduler.ReduceLROnPlateau
+    assert optcore.resolve_scheduler("optcore:cosine").name == "cosine"
+    assert optcore.resolve_scheduler("torch:StepLR").name == "StepLR"
+
+
+def test_unknown_name_suggests_close_matches():
+    with pytest.raises(SchedulerNotFoundError) as info:
+        optcore.resolve_scheduler("cosin_with_restart")
+    err = info.value
+    assert isinstance(err, KeyError)
+    assert "cosine_with_restarts" in err.suggestions
+    assert err.searched and "optcore list --schedulers" in str(err)
+
+
+def test_spec_flags():
+    assert optcore.resolve_scheduler("cosine").needs_total
+    assert not optcore.resolve_scheduler("constant").needs_total
+    assert optcore.resolve_scheduler("CosineAnnealingLR").needs_total
+    assert optcore.resolve_scheduler("greedy").needs_metric
+    assert not optcore.resolve_scheduler("linear").needs_metric
+    assert optcore.resolve_scheduler("polynomial_decay").total_field == "total_num_update"
+
+
+# ---------------------------------------------------------------- build
+def test_config_forms():
+    assert type(optcore.build_scheduler("constant", sgd())).__name__ == "ConstantSchedule"
+    nested = optcore.build_scheduler({"lr_scheduler": {"type": "linear", "warmup_steps": 2}}, sgd(), num_training_steps=10)
+    assert nested.warmup_steps == 2 and nested.num_training_steps == 10
+    hf = optcore.build_scheduler(
+        {"type": "cosine", "num_warmup_steps": 3, "scheduler_specific_kwargs": {"num_cycles": 1.0}}, sgd(), 10
+    )
+    assert (hf.warmup_steps, hf.num_cycles) == (3, 1.0)
+    strings = optcore.build_scheduler({"type": "cosine", "warmup_steps": "5", "num_training_steps": "1e2"}, sgd())
+    assert (strings.warmup_steps, strings.num_training_steps) == (5, 100)
+    assert optcore.build_scheduler(None, sgd()) is None
+
+
+def test_config_from_omegaconf_and_pydantic():
+    omegaconf = pytest.importorskip("omegaconf")
+    cfg = omegaconf.OmegaConf.create({"type": "cosine", "warmup_steps": 4, "num_training_steps": 40})
+    assert optcore.build_scheduler(cfg, sgd()).warmup_steps == 4
+    from pydantic import BaseModel
+
+    class Sched(BaseModel):
+        type: str = "inverse_sqrt"
+        warmup_steps: int = 7
+
+    assert optcore.build_scheduler(Sched(), sgd()).warmup_steps == 7
+
+
+def test_num_training_steps_from_config_or_call():
+    sched = optcore.build_scheduler({"type": "polynomial_decay", "num_training_steps": 50}, sgd())
+    assert sched.total_num_update == 50
+    sched = optcore.build_scheduler({"type": "CosineAnnealingLR"}, sgd(), num_training_steps=30)
+    assert sched.T_max == 30
+    sched = optcore.build_scheduler({"type": "OneCycleLR", "max_lr": 0.1, "epochs": 2, "steps_per_epoch": 5}, sgd(), 99)
+    assert sched.total_steps == 10  # epochs x steps_per_epoch wins over the call
+    # schedules without a run length ignore it
+    optcore.build_scheduler({"type": "constant", "num_training_steps": 10}, sgd())
+
+
+def test_missing_num_training_steps_is_a_config_error():
+    with pytest.raises(ConfigError, match="num_training_steps") as info:
+        optcore.build_scheduler({"type": "cosine", "warmup_steps": 10}, sgd())
+    assert info.value.problems == [("num_training_steps", "missing")]
+
+
+def test_bad_fields_are_config_errors_naming_each_field():
+    with pytest.raises(ConfigError) as info:
+        optcore.build_scheduler({"type": "cosine", "warmup_step": 10, "num_cycles": -1}, sgd(), 100)
+    fields = [f for f, _ in info.value.problems]
+    assert "warmup_step" in fields and "num_cycles" in fields
+    assert "warmup_steps" in str(info.value)  # the close match
+    with pytest.raises(ConfigError, match="min_lr"):
+        optcore.build_scheduler({"type": "cosine_with_min_lr"}, sgd(), 100)
+    with pytest.raises(ConfigError, match="given twice"):
+        optcore.build_scheduler({"type": "linear", "warmup_steps": 1, "num_warmup_steps": 2}, sgd(), 100)
+    with pytest.raises(ConfigError, match="lr_end"):
+        optcore.build_scheduler({"type": "polynomial", "lr_end": 1.0}, sgd(1e-3), 100)
+    with pytest.raises(ConfigError, match="max_lr"):
+        optcore.build_scheduler({"type": "triangular", "max_lr": 1e-4}, sgd(1e-3))
+    with pytest.raises(ConfigError, match="rejected"):
+        optcore.build_scheduler({"type": "ReduceLROnPlateau", "factor": 2.0}, sgd())
+    with pytest.raises(ConfigError, match="no 'type'"):
+        optcore.build_scheduler({"warmup_steps": 3}, sgd())
+
+
+def test_direct_construction_validates_too():
+    from optcore.schedules import CosineSchedule
+
+    with pytest.raises(ConfigError):
+        CosineSchedule(sgd(), num_training_steps=0)
+
+
+def test_nested_torch_schedulers_build_their_parts():
+    opt = sgd(1.0)
+    sched = optcore.build_scheduler(
+        {
+            "type": "SequentialLR",
+            "schedulers": [{"type": "LinearLR", "start_factor": 0.5, "total_iters": 2}, {"type": "ExponentialLR", "gamma": 0.5}],
+            "milestones": [2],
+        },
+        opt,
+    )
+    lrs = []
+    for _ in range(4):
+        opt.step()
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.75, 1.0, 0.5, 0.25])
+
+
+def test_epoch_schedules_follow_step_begin_epoch():
+    opt = sgd(1.0)
+    sched = optcore.build_scheduler({"type": "fixed", "lr": [1.0, 0.5], "force_anneal": 3, "lr_shrink": 0.1}, opt)
+    assert sched.step_begin_epoch(2) == [0.5]
+    sched.step_begin_epoch()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_pass_through_leaves_the_lr_alone_and_delegates():
+    opt = sgd(0.1)
+    calls = []
+
+    class Inner:
+        def step(self):
+            calls.append("step")
+
+        def state_dict(self):
+            return {"inner": 1}
+
+        def load_state_dict(self, sd):
+            calls.append(sd)
+
+    opt.lr_scheduler = Inner()
+    sched = optcore.build_scheduler("pass_through", opt)
+    opt.param_groups[0]["lr"] = 0.05  # the optimizer's own doing
+    sched.step()
+    assert opt.param_groups[0]["lr"] == 0.05 and sched.get_last_lr() == [0.05] and calls == ["step"]
+    sched.load_state_dict(sched.state_dict())
+    assert calls[-1] == {"inner": 1}
+    # lr None (Adafactor relative-step mode) is fine
+    none_lr = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    none_lr.param_groups[0]["lr"] = None
+    optcore.build_scheduler("pass_through", none_lr).step()
+
+
+# ---------------------------------------------------------------- warnings
+def test_warmup_longer_than_the_run_warns():
+    with pytest.warns(UserWarning, match="longer than the run"):
+        optcore.build_scheduler({"type": "linear", "warmup_steps": 200}, sgd(), num_training_steps=100)
+
+
+def test_adafactor_relative_step_warns_for_decaying_schedules():
+    opt = sgd(1e-3)
+    opt.param_groups[0]["relative_step"] = True  # as Adafactor's groups carry it
+    with pytest.warns(UserWarning, match="relative-step"):
+        optcore.build_scheduler({"type": "polynomial_decay"}, opt, num_training_steps=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optcore.build_scheduler("constant", opt)
+
+
+def test_optimizer_without_lr_needs_pass_through():
+    transformers = pytest.importorskip("transformers")
+    opt = transformers.Adafactor([torch.nn.Parameter(torch.zeros(2))], lr=None, relative_step=True)
+    with pytest.raises(ConfigError, match="pass_through"):
+        optcore.build_scheduler({"type": "cosine"}, opt, num_training_steps=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optcore.build_scheduler("pass_through", opt).step()
+
+
+def test_schedule_free_optimizer_warns_for_decaying_schedules():
+    class AdamWScheduleFree(torch.optim.SGD):
+        pass
+
+    opt = AdamWScheduleFree([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    with pytest.warns(UserWarning, match="schedule-free"):
+        optcore.build_scheduler({"type": "cosine"}, opt, num_training_steps=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optcore.build_scheduler({"type": "constant_with_warmup", "warmup_steps": 5}, opt)
+
+
+# ---------------------------------------------------------------- registering
+class Halving(torch.optim.lr_scheduler.LRScheduler):
+    """Halve the lr every ``every`` steps: lr(t) = lr0 / 2 ** (t // every)."""
+
+    def __init__(self, optimizer, every: int = 2, last_epoch: int = -1):
+        self.every = every
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        return [base / 2 ** (self.last_epoch // self.every) for base in self.base_lrs]
+
+
+def test_register_scheduler_forms():
+    try:
+        optcore.register_scheduler("halving", Halving)
+        spec = optcore.resolve_scheduler("Halving")
+        assert spec.source == "user" and "every" in spec.schema.model_fields
+        sched = optcore.build_scheduler({"type": "halving", "every": 1}, sgd(1.0))
+        sched.optimizer.step()
+        sched.step()
+        assert sched.get_last_lr() == [0.5]
+        with pytest.raises(ConfigError):
+            optcore.build_scheduler({"type": "halving", "every": "often"}, sgd())
+        with pytest.raises(ConfigError, match="already registered"):
+            optcore.register_scheduler("halving", Halving.__mro__[1])
+    finally:
+        unregister_scheduler("halving")
+
+    @optcore.register_scheduler("warmup_then_hold")
+    def make(optimizer, warmup_steps: int = 0):
+        return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=max(1, warmup_steps))
+
+    try:
+        sched = optcore.build_scheduler({"type": "warmup_then_hold", "num_warmup_steps": 4}, sgd())
+        assert sched.total_iters == 4
+    finally:
+        unregister_scheduler("warmup_then_hold")
+
+
+def test_registering_a_builtin_name_is_shadowed_with_a_warning():
+    with pytest.warns(UserWarning, match="resolves first"):
+        optcore.register_scheduler("cosine", Halving)
+    try:
+        spec = optcore.resolve_scheduler("cosine")
+        assert spec.source == "builtin" and [s.source for s in spec.shadowed] == ["user"]
+        assert optcore.resolve_scheduler("user:cosine").target is Halving
+    finally:
+        unregister_scheduler("cosine")
+
+
+# ---------------------------------------------------------------- plugins
+@pytest.fixture
+def plugin_dist(tmp_path, monkeypatch):
+    """A fake installed distribution with one good and one broken scheduler."""
+    (tmp_path / "fake_sched_plugin.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Tenfold(torch.optim.lr_scheduler.LambdaLR):
+                \"\"\"lr(t) = lr0 / 10 after the first step.\"\"\"
+                needs_total = False
+
+                def __init__(self, optimizer, drop: float = 0.1):
+                    self.drop = drop
+                    super().__init__(optimizer, lambda t: 1.0 if t == 0 else drop)
+            """
+        )
+    )
+    (tmp_path / "broken_sched_plugin.py").write_text("raise ImportError('missing dependency foo')\n")
+    info = tmp_path / "fake_sched_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-sched-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[optcore.schedulers]\ntenfold = fake_sched_plugin:Tenfold\nbroken = broken_sched_plugin:Broken\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.delenv("OPTCORE_PLUGINS", raising=False)
+    refresh()
+    yield
+    sys.modules.pop("fake_sched_plugin", None)
+    sys.modules.pop("broken_sched_plugin", None)
+    monkeypatch.undo()
+    refresh()
+
+
+def test_entry_point_plugins_load_lazily(plugin_dist):
+    optcore.resolve_scheduler("cosine")
+    assert "fake_sched_plugin" not in sys.modules
+    spec = optcore.resolve_scheduler("tenfold")
+    assert spec.source == "plugin" and spec.provider == "fake-sched-plugin"
+    assert "fake_sched_plugin" not in sys.modules  # still only metadata
+    sched = optcore.build_scheduler({"type": "tenfold", "drop": 0.5}, sgd(1.0))
+    assert "fake_sched_plugin" in sys.modules
+    sched.optimizer.step()
+    sched.step()
+    assert sched.get_last_lr() == [0.5]
+
+
+def test_a_broken_plugin_fails_only_for_its_own_name(plugin_dist):
+    with pytest.raises(PluginLoadError, match="fake-sched-plugin") as info:
+        optcore.build_scheduler("broken", sgd())
+    assert "missing dependency foo" in str(info.value)
+    assert optcore.build_scheduler({"type": "tenfold"}, sgd()) is not None
+    assert optcore.build_scheduler("constant", sgd()) is not None
+
+
+def test_plugin_environment_switches(plugin_dist, monkeypatch):
+    monkeypatch.setenv("OPTCORE_PLUGINS", "tenfold")
+    optcore.resolve_scheduler("tenfold")
+    with pytest.raises(SchedulerNotFoundError):
+        optcore.resolve_scheduler("broken")
+    monkeypatch.setenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    with pytest.raises(SchedulerNotFoundError):
+        optcore.resolve_scheduler("tenfold")
+
+
+# ---------------------------------------------------------------- docs
+def test_docs_reference_is_generated_from_the_registry():
+    """docs/schedulers.md's reference section matches the code (regenerate
+    with ``python docs/gen_schedule_plots.py``)."""
+    pytest.importorskip("matplotlib")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "gen_schedule_plots.py"
+    spec = importlib.util.spec_from_file_location("gen_schedule_plots", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.render_page() == module.PAGE.read_text(), "run: python docs/gen_schedule_plots.py"
+    names = {name for name, _ in module.schedules()}
+    assert {p.stem for p in module.IMG.glob("*.png")} == names
