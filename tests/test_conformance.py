@@ -49,7 +49,7 @@ def test_conformance(spec, check):
         pytest.skip("wrappers are checked with an inner optimizer in their own tests")
     reason = KNOWN_UPSTREAM_FAILURES.get((spec.qualified, check))
     if reason:
-        with pytest.raises(AssertionError):
+        with pytest.raises(Exception):  # noqa: B017 - any failure; a pass means upstream fixed it
             run_check(check, spec.qualified)
         pytest.xfail(reason)
     run_check(check, spec.qualified)
