@@ -55,6 +55,9 @@ class SchedulerSpec(OptimizerSpec):
 
     kind: str = "scheduler"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (resolve_scheduler, (self.qualified,))
+
     @cached_property
     def schema(self) -> Any:
         if self.explicit_schema is not None:
@@ -121,7 +124,7 @@ def _as_scheduler_spec(spec: OptimizerSpec) -> SchedulerSpec:
     """The registry builds plain specs for plugins, registrations and objects;
     give them the scheduler members (sharing the lazy loader)."""
     shadowed = tuple(_as_scheduler_spec(s) for s in spec.shadowed)
-    if isinstance(spec, SchedulerSpec) and all(a is b for a, b in zip(shadowed, spec.shadowed)):
+    if isinstance(spec, SchedulerSpec) and all(a is b for a, b in zip(shadowed, spec.shadowed, strict=True)):
         return spec
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(OptimizerSpec) if f.init and f.name != "_lock"}
     new = SchedulerSpec(**{**fields, "shadowed": shadowed, "kind": "scheduler"})
@@ -208,7 +211,9 @@ def list_schedulers(all: bool = False) -> list[SchedulerSpec]:
     return [_as_scheduler_spec(s) for s in SCHEDULERS.list(all=all)]
 
 
-def register_scheduler(name_or_target: Any = None, target: Any = None, *, schema: Any = None, override: bool = False) -> Any:
+def register_scheduler(
+    name_or_target: Any = None, target: Any = None, *, schema: Any = None, override: bool = False
+) -> Any:
     """Register a scheduler class or factory (called as ``target(optimizer,
     **hparams)``), like :func:`optcore.register_optimizer`::
 
@@ -278,7 +283,9 @@ def build_scheduler(config: Any, optimizer: torch.optim.Optimizer, num_training_
 
 
 def _scheduler_config(config: Any) -> dict[str, Any]:
-    if isinstance(config, (str, type)) or (callable(config) and not isinstance(config, Mapping) and not hasattr(config, "model_dump")):
+    if isinstance(config, (str, type)) or (
+        callable(config) and not isinstance(config, Mapping) and not hasattr(config, "model_dump")
+    ):
         return {"type": config}
     plain = to_plain(config)
     if not isinstance(plain, Mapping):
@@ -304,7 +311,10 @@ def _scheduler_config(config: Any) -> dict[str, Any]:
         extra = parse_optim_args(extra) if isinstance(extra, str) else dict(extra)
         clash = sorted(set(extra) & set(plain))
         if clash:
-            raise ConfigError(f"{clash} given both in {key} and in the config; keep one.", problems=[(k, "given twice") for k in clash])
+            raise ConfigError(
+                f"{clash} given both in {key} and in the config; keep one.",
+                problems=[(k, "given twice") for k in clash],
+            )
         plain.update(extra)
     return plain
 

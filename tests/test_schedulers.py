@@ -16,8 +16,18 @@ from optcore._schedulers import SchedulerSpec, unregister_scheduler
 from optcore.schedules import BUILTINS
 
 HF_NAMES = [
-    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt",
-    "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay", "greedy",
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+    "greedy",
 ]
 FAIRSEQ_NAMES = ["tri_stage", "triangular", "fixed", "polynomial_decay", "step", "manual", "pass_through"]
 
@@ -82,7 +92,9 @@ def test_spec_flags():
 # ---------------------------------------------------------------- build
 def test_config_forms():
     assert type(optcore.build_scheduler("constant", sgd())).__name__ == "ConstantSchedule"
-    nested = optcore.build_scheduler({"lr_scheduler": {"type": "linear", "warmup_steps": 2}}, sgd(), num_training_steps=10)
+    nested = optcore.build_scheduler(
+        {"lr_scheduler": {"type": "linear", "warmup_steps": 2}}, sgd(), num_training_steps=10
+    )
     assert nested.warmup_steps == 2 and nested.num_training_steps == 10
     hf = optcore.build_scheduler(
         {"type": "cosine", "num_warmup_steps": 3, "scheduler_specific_kwargs": {"num_cycles": 1.0}}, sgd(), 10
@@ -155,7 +167,10 @@ def test_nested_torch_schedulers_build_their_parts():
     sched = optcore.build_scheduler(
         {
             "type": "SequentialLR",
-            "schedulers": [{"type": "LinearLR", "start_factor": 0.5, "total_iters": 2}, {"type": "ExponentialLR", "gamma": 0.5}],
+            "schedulers": [
+                {"type": "LinearLR", "start_factor": 0.5, "total_iters": 2},
+                {"type": "ExponentialLR", "gamma": 0.5},
+            ],
             "milestones": [2],
         },
         opt,

@@ -56,8 +56,8 @@ def run_steps(scheduler, optimizer, n, metrics=None, epoch_every=None, start=0):
 
 def assert_close(ours, ref, tol=1e-9):
     assert len(ours) == len(ref)
-    for t, (a, b) in enumerate(zip(ours, ref)):
-        for x, y in zip(a, b):
+    for t, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        for x, y in zip(a, b, strict=True):
             assert math.isclose(x, y, rel_tol=tol, abs_tol=tol), f"step {t}: {a} != {b}"
 
 
@@ -168,8 +168,17 @@ class FairseqRef:
 
 
 class RefTriStage(FairseqRef):  # tri_stage_lr_scheduler.py
-    def __init__(self, lr, warmup_steps=0, hold_steps=0, decay_steps=0, phase_ratio=None, init_lr_scale=0.01,
-                 final_lr_scale=0.01, max_update=None):
+    def __init__(
+        self,
+        lr,
+        warmup_steps=0,
+        hold_steps=0,
+        decay_steps=0,
+        phase_ratio=None,
+        init_lr_scale=0.01,
+        final_lr_scale=0.01,
+        max_update=None,
+    ):
         super().__init__(lr)
         self.peak_lr = lr[0]
         self.init_lr = init_lr_scale * lr[0]
@@ -190,7 +199,9 @@ class RefTriStage(FairseqRef):  # tri_stage_lr_scheduler.py
         elif num_updates < self.warmup_steps + self.hold_steps:
             self.opt_lr = self.peak_lr
         elif num_updates <= self.warmup_steps + self.hold_steps + self.decay_steps:
-            self.opt_lr = self.peak_lr * math.exp(-self.decay_factor * (num_updates - self.warmup_steps - self.hold_steps))
+            self.opt_lr = self.peak_lr * math.exp(
+                -self.decay_factor * (num_updates - self.warmup_steps - self.hold_steps)
+            )
         else:
             self.opt_lr = self.final_lr
 
@@ -235,7 +246,9 @@ class RefFixed(FairseqRef):  # fixed_schedule.py
 
 
 class RefPolynomialDecay(FairseqRef):  # polynomial_decay_schedule.py
-    def __init__(self, lr, total_num_update, warmup_updates=0, end_learning_rate=0.0, zero_lr_warmup_steps=0, power=1.0):
+    def __init__(
+        self, lr, total_num_update, warmup_updates=0, end_learning_rate=0.0, zero_lr_warmup_steps=0, power=1.0
+    ):
         super().__init__(lr)
         self.lr = lr[0]
         self.total, self.warmup, self.end = total_num_update, warmup_updates, end_learning_rate
@@ -322,16 +335,26 @@ def fairseq_trajectory(ref, n_updates, epoch_every):
 LR0 = 0.5
 FAIRSEQ_CASES = [
     ("tri_stage", RefTriStage, {"warmup_steps": 20, "hold_steps": 30, "decay_steps": 40}),
-    ("tri_stage", RefTriStage, {"phase_ratio": (0.1, 0.4, 0.5), "max_update": 100, "init_lr_scale": 0.05,
-                                "final_lr_scale": 0.02}),
+    (
+        "tri_stage",
+        RefTriStage,
+        {"phase_ratio": (0.1, 0.4, 0.5), "max_update": 100, "init_lr_scale": 0.05, "final_lr_scale": 0.02},
+    ),
     ("triangular", RefTriangular, {"max_lr": 2.0, "lr_period_updates": 30}),
     ("triangular", RefTriangular, {"max_lr": 1.5, "lr_period_updates": 25, "lr_shrink": 0.5, "shrink_min": True}),
     ("fixed", RefFixed, {"warmup_updates": 15, "force_anneal": 3, "lr_shrink": 0.5}),
     ("fixed", RefFixed, {"lr": [0.5, 0.3, 0.2]}),
     ("fixed", RefFixed, {"lr": [0.5, 0.25], "force_anneal": 4, "warmup_updates": 5}),
-    ("polynomial_decay", RefPolynomialDecay, {"total_num_update": 100, "warmup_updates": 10, "end_learning_rate": 0.01}),
-    ("polynomial_decay", RefPolynomialDecay, {"total_num_update": 100, "warmup_updates": 10, "zero_lr_warmup_steps": 5,
-                                              "power": 2.0}),
+    (
+        "polynomial_decay",
+        RefPolynomialDecay,
+        {"total_num_update": 100, "warmup_updates": 10, "end_learning_rate": 0.01},
+    ),
+    (
+        "polynomial_decay",
+        RefPolynomialDecay,
+        {"total_num_update": 100, "warmup_updates": 10, "zero_lr_warmup_steps": 5, "power": 2.0},
+    ),
     ("step", RefStep, {"warmup_updates": 10, "lr_decay_period": 15, "lr_decay": 0.7, "min_lr": 0.05}),
     ("step", RefStep, {"warmup_updates": 10, "warmup_init_lr": 0.1, "lr_decay_period": 7}),
     ("step", RefStep, {"lr_decay_period": 20}),
@@ -430,7 +453,12 @@ def test_lr_scale_ratio_holds_for_torch_schedulers(config):
 def test_lr_scale_through_optcore_build():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     config = {
-        "optimizer": {"type": "AdamW", "lr": 1e-3, "weight_decay": 0.0, "param_groups": [{"params": r"^1\.", "lr_scale": 0.1}]},
+        "optimizer": {
+            "type": "AdamW",
+            "lr": 1e-3,
+            "weight_decay": 0.0,
+            "param_groups": [{"params": r"^1\.", "lr_scale": 0.1}],
+        },
         "lr_scheduler": {"type": "cosine", "warmup_steps": 5},
     }
     optimizer, scheduler = optcore.build(config, model, num_training_steps=50)

@@ -39,7 +39,9 @@ def torch_scheduler_names() -> list[str]:
     return [
         name
         for name in tls.__all__
-        if name != "LRScheduler" and isinstance(getattr(tls, name, None), type) and issubclass(getattr(tls, name), tls.LRScheduler)
+        if name != "LRScheduler"
+        and isinstance(getattr(tls, name, None), type)
+        and issubclass(getattr(tls, name), tls.LRScheduler)
     ]
 
 

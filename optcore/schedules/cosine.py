@@ -13,7 +13,9 @@ from .._schema import HParams, Literalish
 from ._base import Fraction, NonNegative, Schedule, TrainingSteps, WarmupSteps, base_lr
 from .polynomial import linear_warmup
 
-Cycles = Annotated[float, Literalish, Field(ge=0.0, description="number of cosine waves (0.5: one half-wave down to 0)")]
+Cycles = Annotated[
+    float, Literalish, Field(ge=0.0, description="number of cosine waves (0.5: one half-wave down to 0)")
+]
 
 
 def _progress(step: int, warmup_steps: int, total: int) -> float:
@@ -114,7 +116,9 @@ class CosineWithRestartsSchedule(Schedule):
 class _MinLR(HParams):
     """Exactly one of ``min_lr`` (absolute) and ``min_lr_rate`` (a fraction of the base lr)."""
 
-    min_lr: Annotated[NonNegative | None, Literalish, Field(description="lr at the end of the cosine (absolute)")] = None
+    min_lr: Annotated[NonNegative | None, Literalish, Field(description="lr at the end of the cosine (absolute)")] = (
+        None
+    )
     min_lr_rate: Annotated[
         Fraction | None, Literalish, Field(description="lr at the end, as a fraction of the base lr")
     ] = None

@@ -14,7 +14,9 @@ from ._base import Flag, Schedule, base_lr
 
 
 class TriangularConfig(HParams):
-    max_lr: Annotated[float, Literalish, Field(gt=0.0, description="peak lr of the first cycle (absolute, > the optimizer's lr)")]
+    max_lr: Annotated[
+        float, Literalish, Field(gt=0.0, description="peak lr of the first cycle (absolute, > the optimizer's lr)")
+    ]
     lr_period_updates: Annotated[float, Literalish, Field(ge=2, description="updates per cycle")] = 5000
     lr_shrink: Annotated[float, Literalish, Field(gt=0.0, description="peak multiplier per cycle")] = 0.1
     shrink_min: Annotated[Flag, Field(description="also shrink the lowest lr")] = False
@@ -47,7 +49,9 @@ class TriangularSchedule(Schedule):
         shrink_min: bool = False,
         last_epoch: int = -1,
     ) -> None:
-        hp = self._validate(max_lr=max_lr, lr_period_updates=lr_period_updates, lr_shrink=lr_shrink, shrink_min=shrink_min)
+        hp = self._validate(
+            max_lr=max_lr, lr_period_updates=lr_period_updates, lr_shrink=lr_shrink, shrink_min=shrink_min
+        )
         self.min_lr = base_lr(optimizer, self.name)
         self.max_lr = hp["max_lr"]
         if not self.max_lr > self.min_lr:

@@ -30,7 +30,9 @@ class GreedyConfig(HParams):
     threshold: Annotated[float, Literalish, Field(ge=0.0, description="smallest change that counts")] = 1e-6
     threshold_mode: Annotated[Literal["rel", "abs"], Literalish] = "abs"
     cooldown: Annotated[int, Literalish, Field(ge=0, description="steps to wait after a decrease")] = 0
-    warmup: Annotated[int, Literalish, Field(ge=0, description="steps to wait after an increase (not a lr warm-up)")] = 0
+    warmup: Annotated[
+        int, Literalish, Field(ge=0, description="steps to wait after an increase (not a lr warm-up)")
+    ] = 0
     min_lr: Annotated[PerGroupLR, Field(description="lower bound (absolute; scaled by a group's lr_scale)")] = 1e-3
     max_lr: Annotated[PerGroupLR, Field(description="upper bound (absolute; scaled by a group's lr_scale)")] = 1.0
     eps: Annotated[float, Literalish, Field(ge=0.0, description="smallest lr change that is applied")] = 1e-8
@@ -89,9 +91,20 @@ class GreedyLR(ReduceLROnPlateau):
         hp = validate_hparams(
             GreedyConfig,
             dict(
-                mode=mode, factor=factor, patience=patience, threshold=threshold, threshold_mode=threshold_mode,
-                cooldown=cooldown, warmup=warmup, min_lr=min_lr, max_lr=max_lr, eps=eps, verbose=verbose,
-                smooth=smooth, window_size=window_size, reset_start=reset_start,
+                mode=mode,
+                factor=factor,
+                patience=patience,
+                threshold=threshold,
+                threshold_mode=threshold_mode,
+                cooldown=cooldown,
+                warmup=warmup,
+                min_lr=min_lr,
+                max_lr=max_lr,
+                eps=eps,
+                verbose=verbose,
+                smooth=smooth,
+                window_size=window_size,
+                reset_start=reset_start,
             ),
             self.name,
         )

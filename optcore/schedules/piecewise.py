@@ -97,7 +97,9 @@ class StepSchedule(Schedule):
 
 class FixedConfig(HParams):
     force_anneal: Annotated[
-        PositiveSteps | None, Literalish, Field(description="from this epoch on, shrink the lr by lr_shrink every epoch")
+        PositiveSteps | None,
+        Literalish,
+        Field(description="from this epoch on, shrink the lr by lr_shrink every epoch"),
     ] = None
     lr_shrink: Annotated[float, Literalish, Field(gt=0.0, description="lr multiplier per annealed epoch")] = 0.1
     warmup_updates: WarmupUpdates = 0

@@ -40,7 +40,9 @@ class LinearSchedule(Schedule):
     total_field = "num_training_steps"
     example: ClassVar[dict[str, Any]] = {"warmup_steps": 100}
 
-    def __init__(self, optimizer: Optimizer, *, num_training_steps: int, warmup_steps: int = 0, last_epoch: int = -1) -> None:
+    def __init__(
+        self, optimizer: Optimizer, *, num_training_steps: int, warmup_steps: int = 0, last_epoch: int = -1
+    ) -> None:
         hp = self._validate(warmup_steps=warmup_steps, num_training_steps=num_training_steps)
         self.warmup_steps = hp["warmup_steps"]
         self.num_training_steps = hp["num_training_steps"]
@@ -88,7 +90,9 @@ class PolynomialSchedule(Schedule):
         power: float = 1.0,
         last_epoch: int = -1,
     ) -> None:
-        hp = self._validate(warmup_steps=warmup_steps, num_training_steps=num_training_steps, lr_end=lr_end, power=power)
+        hp = self._validate(
+            warmup_steps=warmup_steps, num_training_steps=num_training_steps, lr_end=lr_end, power=power
+        )
         self.warmup_steps = hp["warmup_steps"]
         self.num_training_steps = hp["num_training_steps"]
         self.lr_end = hp["lr_end"]

@@ -28,7 +28,9 @@ class WarmupStableDecayConfig(HParams):
     ] = None
     warmup_type: Shape = "linear"
     decay_type: Shape = "cosine"
-    min_lr_ratio: Annotated[Fraction, Field(description="floor of warm-up and decay, as a fraction of the base lr")] = 0.0
+    min_lr_ratio: Annotated[Fraction, Field(description="floor of warm-up and decay, as a fraction of the base lr")] = (
+        0.0
+    )
     num_cycles: Annotated[float, Literalish, Field(ge=0.0, description="cosine waves of a cosine decay")] = 0.5
 
     @model_validator(mode="after")
@@ -211,7 +213,11 @@ class TriStageSchedule(Schedule):
             self.hold_steps = int(total * ratio[1])
             self.decay_steps = int(total * ratio[2])
         else:
-            self.warmup_steps, self.hold_steps, self.decay_steps = hp["warmup_steps"], hp["hold_steps"], hp["decay_steps"]
+            self.warmup_steps, self.hold_steps, self.decay_steps = (
+                hp["warmup_steps"],
+                hp["hold_steps"],
+                hp["decay_steps"],
+            )
         if self.decay_steps <= 0:
             raise ConfigError(
                 "tri_stage needs a decay phase: give decay_steps > 0, or phase_ratio with max_update.",
