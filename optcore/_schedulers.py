@@ -251,16 +251,13 @@ def build_scheduler(config: Any, optimizer: torch.optim.Optimizer, num_training_
     """
     if config is None:
         return None
-    cfg = _scheduler_config(config)
-    spec = resolve_scheduler(cfg.pop("type"))
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(
             f"build_scheduler needs a torch.optim.Optimizer, got {type(optimizer).__name__}; build one with "
             "optcore.build_optimizer(...) first.",
             problems=[("optimizer", "not a torch.optim.Optimizer")],
         )
-    values = _normalise_keys(spec, cfg, num_training_steps)
-    kwargs = validate_hparams(spec.schema, values, spec.name)
+    spec, kwargs = validate_scheduler_config(config, num_training_steps)
     if spec.name != "pass_through" and any(g.get("lr") is None for g in optimizer.param_groups):
         raise ConfigError(
             f"{type(optimizer).__name__} has no learning rate (lr=None, e.g. Adafactor in relative-step mode "
@@ -280,6 +277,24 @@ def build_scheduler(config: Any, optimizer: torch.optim.Optimizer, num_training_
             problems=[("<constructor>", str(exc))],
             target=spec.name,
         ) from exc
+
+
+def validate_scheduler_config(
+    config: Any, num_training_steps: int | None = None
+) -> tuple[SchedulerSpec, dict[str, Any]]:
+    """Resolve and validate a scheduler config without building anything
+    (``optcore check`` uses it): the spec and the keyword arguments the
+    schedule would be built with, or a :class:`ConfigError` naming every bad
+    field (nested ``SequentialLR``/``ChainedScheduler`` configs included)."""
+    cfg = _scheduler_config(config)
+    spec = resolve_scheduler(cfg.pop("type"))
+    values = _normalise_keys(spec, cfg, num_training_steps)
+    kwargs = validate_hparams(spec.schema, values, spec.name)
+    if spec.source == "torch" and isinstance(kwargs.get("schedulers"), list):
+        for sub in kwargs["schedulers"]:
+            if isinstance(sub, (Mapping, str)):
+                validate_scheduler_config(sub)
+    return spec, kwargs
 
 
 def _scheduler_config(config: Any) -> dict[str, Any]:

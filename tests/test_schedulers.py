@@ -155,6 +155,17 @@ def test_bad_fields_are_config_errors_naming_each_field():
         optcore.build_scheduler({"warmup_steps": 3}, sgd())
 
 
+def test_validate_scheduler_config_builds_nothing():
+    from optcore._schedulers import validate_scheduler_config
+
+    spec, kwargs = validate_scheduler_config({"type": "cosine", "num_warmup_steps": 3}, num_training_steps=10)
+    assert spec.name == "cosine" and kwargs == {"warmup_steps": 3, "num_training_steps": 10, "num_cycles": 0.5}
+    with pytest.raises(ConfigError, match="gama"):
+        validate_scheduler_config(
+            {"type": "SequentialLR", "schedulers": [{"type": "ExponentialLR", "gama": 0.9}], "milestones": []}
+        )
+
+
 def test_direct_construction_validates_too():
     from optcore.schedules import CosineSchedule
 
