@@ -130,6 +130,7 @@ class Registry:
             for spec in [*self._builtins, *self._user.values(), *self._plugin_specs(entries)]:
                 index.setdefault(normalize(spec.name), []).append(spec)
             self._index_cache = (key, index)
+            self._warned.clear()  # a new set of providers: say it again
             return index
 
     # ------------------------------------------------------------- resolving
