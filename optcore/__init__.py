@@ -46,6 +46,9 @@ _LAZY = {
     "register_scheduler": "._schedulers",
     "resolve_scheduler": "._schedulers",
     "list_schedulers": "._schedulers",
+    "unregister_scheduler": "._schedulers",
+    "validate_scheduler_config": "._schedulers",
+    "SchedulerSpec": "._schedulers",
     "add_args": "._args",
     "config_from_args": "._args",
 }

@@ -38,7 +38,15 @@ def build_optimizer(config: Any, params_or_model: Any) -> torch.optim.Optimizer:
     no_decay = cfg.pop("no_decay", True)
     optim_args = cfg.pop("optim_args", None)
     if optim_args:
-        extra = parse_optim_args(optim_args) if isinstance(optim_args, str) else dict(to_plain(optim_args))
+        if isinstance(optim_args, str):
+            extra = parse_optim_args(optim_args)
+        elif isinstance(optim_args, Mapping):
+            extra = dict(to_plain(optim_args))
+        else:
+            raise ConfigError(
+                f"optim_args must be a 'key=value, ...' string or a mapping, got {optim_args!r}.",
+                problems=[("optim_args", "bad type")],
+            )
         clash = sorted(set(extra) & set(cfg))
         if clash:
             raise ConfigError(
@@ -47,6 +55,7 @@ def build_optimizer(config: Any, params_or_model: Any) -> torch.optim.Optimizer:
             )
         cfg.update(extra)
 
+    _check_options(options)
     target = spec.target
     kwargs = validate_hparams(spec.schema, cfg, spec.name)
     explicit = set(cfg)
@@ -74,15 +83,30 @@ def build_optimizer(config: Any, params_or_model: Any) -> torch.optim.Optimizer:
         ) from exc
     optimizer.optcore_spec = spec  # type: ignore[attr-defined]
 
-    precision = options.get("precision")
-    if isinstance(precision, str):
-        precision = precision.lower()
+    precision = _check_options(options)
     if precision not in _FP32_NAMES or options.get("memory_efficient") or options.get("loss_scaler"):
         optimizer = _wrap(optimizer, options)
     from ._hooks import get_plugin_manager
 
     get_plugin_manager().hook.optcore_optimizer_built(optimizer=optimizer, config=dict(cfg, type=spec.name))
     return optimizer
+
+
+def _check_options(options: dict[str, Any]) -> str | None:
+    """Type-check the wrapper keys before anything is built; return the precision."""
+    precision = options.get("precision")
+    problems = []
+    if precision is not None and not isinstance(precision, str):
+        problems.append(("precision", f"must be 'fp16', 'bf16' or 'fp32', got {precision!r}"))
+    if not isinstance(options.get("memory_efficient", False), bool):
+        problems.append(("memory_efficient", f"must be true or false, got {options['memory_efficient']!r}"))
+    if options.get("loss_scaler") is not None and not isinstance(options["loss_scaler"], Mapping):
+        problems.append(("loss_scaler", f"must be a mapping of loss-scaler settings, got {options['loss_scaler']!r}"))
+    if problems:
+        raise ConfigError(
+            "Invalid precision options:\n" + "\n".join(f"  - {k}: {m}" for k, m in problems), problems=problems
+        )
+    return precision.lower() if isinstance(precision, str) else None
 
 
 def _construct(spec: OptimizerSpec, target: Any, groups: list[dict[str, Any]], kwargs: dict[str, Any]) -> Any:

@@ -84,7 +84,19 @@ def _type_name(annotation: Any) -> str:
 
 
 def describe(name: str, scheduler: bool = False) -> dict[str, Any]:
-    """Everything ``optcore show`` prints, as data (the docs generator uses it too)."""
+    """Everything ``optcore show`` prints, as data (the docs generator uses it too).
+    A name that is no optimizer is looked up as a scheduler."""
+    if not scheduler:
+        from ._errors import OptimizerNotFoundError, SchedulerNotFoundError
+        from ._registry import resolve as _resolve
+
+        try:
+            _resolve(name)
+        except OptimizerNotFoundError as exc:
+            try:
+                return describe(name, scheduler=True)
+            except SchedulerNotFoundError:
+                raise exc from None
     if scheduler:
         from ._schedulers import resolve_scheduler
 
@@ -144,6 +156,7 @@ def check_config(data: Any) -> list[str]:
     errors: list[str] = []
     plain = to_plain(data)
     configs: list[tuple[str, Any]] = []
+    total = plain.get("num_training_steps") if isinstance(plain, dict) else None
     if isinstance(plain, dict) and ("lr_scheduler" in plain or "scheduler" in plain):
         configs = [("optimizer", plain.get("optimizer")), ("lr_scheduler", plain.get("lr_scheduler", plain.get("scheduler")))]
     elif isinstance(plain, list):
@@ -155,7 +168,7 @@ def check_config(data: Any) -> list[str]:
             if kind == "lr_scheduler":
                 from ._schedulers import validate_scheduler_config
 
-                validate_scheduler_config(cfg)
+                validate_scheduler_config(cfg, total)
                 continue
             cfg = optimizer_config(cfg)
             spec = resolve(cfg.pop("type"))
@@ -194,7 +207,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     if args.all:
         out = {}
-        for spec in list_optimizers():
+        from ._schedulers import list_schedulers
+
+        for spec in [*list_optimizers(), *list_schedulers()]:
             try:
                 out[spec.name] = spec.schema.model_json_schema()
             except Exception as exc:  # noqa: BLE001 - one broken provider must not hide the rest
@@ -203,8 +218,20 @@ def cmd_schema(args: argparse.Namespace) -> int:
     else:
         if not args.name:
             raise OptcoreError("optcore schema needs a NAME or --all.")
-        print(json.dumps(resolve(args.name).schema.model_json_schema(), indent=2, default=str))
+        print(json.dumps(describe_schema(args.name), indent=2, default=str))
     return 0
+
+
+def describe_schema(name: str) -> dict[str, Any]:
+    from ._errors import OptimizerNotFoundError
+    from ._registry import resolve
+
+    try:
+        return resolve(name).schema.model_json_schema()
+    except OptimizerNotFoundError:
+        from ._schedulers import resolve_scheduler
+
+        return resolve_scheduler(name).schema.model_json_schema()
 
 
 def build_parser() -> argparse.ArgumentParser:

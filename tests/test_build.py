@@ -1,0 +1,198 @@
+"""build_optimizer: config forms, schemas, param groups, implementation choice, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import optcore
+from optcore._build import implementation_of
+
+
+def test_config_forms_agree(model):
+    from omegaconf import OmegaConf
+    from pydantic import BaseModel
+
+    class Cfg(BaseModel):
+        type: str = "AdamW"
+        lr: float = 2e-3
+
+    forms = [
+        {"type": "AdamW", "lr": 2e-3},
+        {"optimizer": {"type": "adamw", "lr": 2e-3}},
+        OmegaConf.create({"type": "AdamW", "lr": 2e-3}),
+        OmegaConf.create({"optimizer": {"type": "AdamW", "lr": 2e-3}}),
+        Cfg(),
+        {"type": "AdamW", "optim_args": "lr=2e-3"},
+    ]
+    for form in forms:
+        opt = optcore.build_optimizer(form, model)
+        assert isinstance(opt, torch.optim.AdamW) and opt.get_lr() == pytest.approx(2e-3)
+    assert optcore.build_optimizer("AdamW", model).get_lr() == 1e-3
+
+
+def test_strings_are_parsed_safely(model):
+    opt = optcore.build_optimizer({"type": "Adam", "lr": "1e-3", "betas": "(0.8, 0.98)", "amsgrad": "true"}, model)
+    g = opt.param_groups[0]
+    assert g["betas"] == (0.8, 0.98) and g["amsgrad"] is True
+    with pytest.raises(optcore.ConfigError, match="betas"):
+        optcore.build_optimizer({"type": "Adam", "betas": "__import__('os').system('echo pwned')"}, model)
+
+
+def test_config_error_lists_every_field(model):
+    with pytest.raises(optcore.ConfigError) as info:
+        optcore.build_optimizer({"type": "AdamW", "lr": -1, "betas": (0.9, 1.5), "eps": -1, "wieght_decay": 0.1}, model)
+    err = info.value
+    fields = {f.split(".")[0] for f, _ in err.problems}
+    assert {"lr", "betas", "eps", "wieght_decay"} <= fields
+    assert "weight_decay" in str(err) and "did you mean" in str(err)
+    assert "weight_decay" in err.accepted
+
+
+def test_optim_args_clash_is_an_error(model):
+    with pytest.raises(optcore.ConfigError, match="given both"):
+        optcore.build_optimizer({"type": "AdamW", "lr": 1e-3, "optim_args": "lr=1e-2"}, model)
+    with pytest.raises(optcore.ConfigError, match="key=value"):
+        optcore.build_optimizer({"type": "AdamW", "optim_args": "lr"}, model)
+
+
+def test_param_groups_from_a_module(model):
+    opt = optcore.build_optimizer({"type": "AdamW", "weight_decay": 0.1}, model)
+    by_name = {g["name"]: g for g in opt.param_groups}
+    assert by_name["decay"]["weight_decay"] == 0.1 and by_name["no_decay"]["weight_decay"] == 0.0
+    decayed = {id(p) for p in by_name["decay"]["params"]}
+    assert decayed == {id(model[0].weight), id(model[3].weight)}
+    # no split when there is no decay, or when asked not to
+    assert len(optcore.build_optimizer({"type": "SGD", "lr": 0.1}, model).param_groups) == 1
+    assert len(optcore.build_optimizer({"type": "AdamW", "no_decay": False}, model).param_groups) == 1
+
+
+def test_regex_param_groups_and_lr_scale(model):
+    cfg = {"type": "AdamW", "lr": 1e-3, "weight_decay": 0.0,
+           "param_groups": [{"params": r"^3\.", "lr_scale": 0.1, "name": "head"},
+                            {"params": r"^0\.", "betas": "(0.5, 0.9)"}]}
+    opt = optcore.build_optimizer(cfg, model)
+    head = next(g for g in opt.param_groups if g.get("name") == "head")
+    assert head["lr"] == pytest.approx(1e-4)
+    assert any(g["betas"] == (0.5, 0.9) for g in opt.param_groups)
+    opt.set_lr(2e-3)
+    assert head["lr"] == pytest.approx(2e-4) and opt.get_lr() == pytest.approx(2e-3)
+
+
+def test_overlapping_regexes_and_bad_group_values_are_errors(model):
+    with pytest.raises(optcore.ConfigError, match="more than one"):
+        optcore.build_optimizer({"type": "SGD", "param_groups": [{"params": "weight"}, {"params": r"^0\."}]}, model)
+    with pytest.raises(optcore.ConfigError, match="lr"):
+        optcore.build_optimizer({"type": "SGD", "param_groups": [{"params": "weight", "lr": -3}]}, model)
+    with pytest.raises(optcore.ConfigError, match="regex"):
+        optcore.build_optimizer({"type": "SGD", "param_groups": [{"params": "("}]}, model)
+
+
+def test_params_forms(model):
+    named = dict(model.named_parameters())
+    model[1].weight.requires_grad_(False)
+    for params in (model, model.parameters(), list(model.parameters()), named, list(named.items()),
+                   [{"params": [model[0].weight]}, {"params": [model[3].weight], "lr": 0.5}]):
+        opt = optcore.build_optimizer({"type": "SGD", "lr": 0.1}, params)
+        ids = {id(p) for g in opt.param_groups for p in g["params"]}
+        assert id(model[1].weight) not in ids, "frozen params are dropped"
+    with pytest.raises(optcore.ConfigError, match="No trainable"):
+        optcore.build_optimizer("SGD", [torch.zeros(2)])
+    with pytest.raises(optcore.ConfigError, match="not a tensor"):
+        optcore.build_optimizer("SGD", [1, 2, 3])
+    with pytest.raises(optcore.ConfigError, match="by name"):
+        optcore.build_optimizer({"type": "SGD", "param_groups": [{"params": "x"}]}, list(model.parameters()))
+
+
+def test_fused_by_default_and_explicit_flags_respected(model):
+    assert implementation_of(optcore.build_optimizer("AdamW", model)) == "fused"
+    assert implementation_of(optcore.build_optimizer({"type": "AdamW", "foreach": True}, model)) == "foreach"
+    assert implementation_of(optcore.build_optimizer({"type": "AdamW", "fused": False}, model)) != "fused"
+    assert optcore.build_optimizer("AdamW", model).supports_step_with_scale is True
+    assert optcore.build_optimizer({"type": "AdamW", "fused": False}, model).supports_step_with_scale is False
+    with pytest.raises(optcore.ConfigError, match="exclusive"):
+        optcore.build_optimizer({"type": "AdamW", "fused": True, "foreach": True}, model)
+
+
+def test_fused_default_matches_torch_default_numerically(model):
+    import copy
+
+    m2 = copy.deepcopy(model)
+    ours = optcore.build_optimizer({"type": "AdamW", "lr": 1e-2}, model)
+    ref = torch.optim.AdamW(m2.parameters(), lr=1e-2, weight_decay=0.01)
+    ours_groups = optcore.build_optimizer({"type": "AdamW", "lr": 1e-2, "no_decay": False}, model)
+    del ours
+    for _ in range(5):
+        x = torch.randn(8, 4)
+        for m, o in ((model, ours_groups), (m2, ref)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+    for a, b in zip(model.parameters(), m2.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_precision_without_plugin_is_a_clear_error(model, monkeypatch):
+    monkeypatch.setenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    import optcore._plugins as plugins
+
+    plugins.refresh()
+    try:
+        with pytest.raises(optcore.ConfigError, match="optcore-fp16"):
+            optcore.build_optimizer({"type": "AdamW", "precision": "fp16"}, model)
+        assert optcore.build_optimizer({"type": "AdamW", "precision": "fp32"}, model)
+    finally:
+        monkeypatch.delenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD")
+        plugins.refresh()
+
+
+def test_constructor_errors_become_config_errors(model):
+    def factory(params, lr=0.1):
+        raise ValueError("this factory refuses")
+
+    optcore.register_optimizer("Refuser", factory)
+    try:
+        with pytest.raises(optcore.ConfigError, match="refuses"):
+            optcore.build_optimizer("Refuser", model)
+    finally:
+        optcore.unregister_optimizer("Refuser")
+
+
+def test_factories_get_the_contract(model):
+    def make(params, lr=0.1):
+        return torch.optim.SGD(params, lr=lr)
+
+    optcore.register_optimizer("MakeSGD", make)
+    try:
+        opt = optcore.build_optimizer({"type": "MakeSGD", "lr": 0.3}, model)
+        assert isinstance(opt, torch.optim.SGD) and opt.get_lr() == 0.3 and hasattr(opt, "clip_grad_norm")
+    finally:
+        optcore.unregister_optimizer("MakeSGD")
+
+
+def test_hook_plugins_contribute_policies_and_observe(fake_plugins, model):
+    fake_plugins("optcore-policy", "optcore_policy_fake", """
+import optcore
+seen = []
+
+@optcore.hookimpl
+def optcore_param_group_policies(model, config):
+    return [{"params": r"^3\\.", "lr_scale": 0.5, "name": "head"}]
+
+@optcore.hookimpl
+def optcore_optimizer_built(optimizer, config):
+    seen.append(config["type"])
+""", {"optcore.hooks": {"policy": "optcore_policy_fake"}})
+    opt = optcore.build_optimizer({"type": "SGD", "lr": 0.2}, model)
+    import optcore_policy_fake
+
+    assert optcore_policy_fake.seen == ["SGD"]
+    head = next(g for g in opt.param_groups if g.get("name") == "head")
+    assert head["lr"] == pytest.approx(0.1)
+
+
+def test_build_returns_optimizer_and_optional_scheduler(model):
+    opt, sched = optcore.build({"optimizer": {"type": "SGD", "lr": 0.1}}, model)
+    assert sched is None and isinstance(opt, torch.optim.SGD)
+    with pytest.raises(optcore.ConfigError):
+        optcore.build({"type": "SGD"}, model)

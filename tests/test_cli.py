@@ -1,0 +1,58 @@
+"""The optcore command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from optcore.cli import main
+
+
+def test_list_json_has_sources_flags_and_shadowing(capsys):
+    assert main(["list", "--json", "--all"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_q = {r["qualified"]: r for r in rows}
+    assert by_q["torch:AdamW"]["source"] == "torch"
+    assert by_q["torch:AdamW"]["capabilities"]["supports_step_with_scale"] is True
+    assert "shadowed" in by_q["torch:AdamW"]
+
+
+def test_list_table_and_schedulers(capsys):
+    assert main(["list", "--no-flags"]) == 0
+    assert "AdamW" in capsys.readouterr().out
+    assert main(["list", "--schedulers", "--json"]) == 0
+    assert "cosine" in {r["name"] for r in json.loads(capsys.readouterr().out)}
+
+
+def test_show(capsys):
+    assert main(["show", "adamw", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    fields = {f["field"]: f for f in info["fields"]}
+    assert fields["lr"]["default"] == "0.001" and "fused" in info["implementation"]
+    assert main(["show", "cosine"]) == 0
+    assert main(["show", "nosuchthing"]) == 1
+    assert "No optimizer named" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suffix,text,ok", [
+    (".json", '{"type": "AdamW", "lr": 0.001}', True),
+    (".yaml", "optimizer:\n  type: Lion\n  lr: 1e-4\nlr_scheduler:\n  type: cosine\n  warmup_steps: 10\nnum_training_steps: 100\n", True),
+    (".toml", 'type = "SGD"\nlr = 0.1\nmomentum = 0.9\n', True),
+    (".json", '{"type": "AdamW", "lr": -1, "bettas": [0.9, 0.9]}', False),
+    (".yaml", "optimizer: {type: AdamW}\nlr_scheduler: {type: cosine}\n", False),
+    (".json", "{not json", False),
+])
+def test_check(tmp_path, capsys, suffix, text, ok):
+    path = tmp_path / f"c{suffix}"
+    path.write_text(text)
+    assert main(["check", str(path)]) == (0 if ok else 1)
+    if not ok:
+        assert capsys.readouterr().err.strip()
+
+
+def test_schema_export(capsys):
+    assert main(["schema", "AdamW"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["properties"]["lr"]["minimum"] == 0
+    assert schema["additionalProperties"] is False
