@@ -70,10 +70,10 @@ def adapt(
         cached = _cache.get(cls)
         if cached is not None:
             return cached
-        from ._torch_optims import PASSES_CLOSURE, SINGLE_GROUP, TORCH_OPTIMIZERS
+        from ._torch_facts import PASSES_CLOSURE, SINGLE_GROUP, TORCH_FACTS
 
-        is_torch = cls.__module__.startswith("torch.optim") and cls.__name__ in TORCH_OPTIMIZERS
-        pointwise, takes_grad_scale = TORCH_OPTIMIZERS[cls.__name__][1:] if is_torch else (False, False)
+        is_torch = cls.__module__.startswith("torch.optim") and cls.__name__ in TORCH_FACTS
+        pointwise, takes_grad_scale = TORCH_FACTS[cls.__name__] if is_torch else (False, False)
         mixin: type = _FusedScaleMixin if takes_grad_scale else ContractMixin
         namespace: dict[str, Any] = {
             "__module__": __name__,

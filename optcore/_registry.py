@@ -314,14 +314,14 @@ class Registry:
 def _torch_specs() -> list[OptimizerSpec]:
     import torch
 
-    from ._torch_optims import TORCH_OPTIMIZERS
+    from ._torch_facts import TORCH_FACTS
 
-    names = [n for n in TORCH_OPTIMIZERS if isinstance(getattr(torch.optim, n, None), type)]
+    names = [n for n in TORCH_FACTS if isinstance(getattr(torch.optim, n, None), type)]
     names += sorted(
         n
         for n, obj in vars(torch.optim).items()
         if isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer) and obj is not torch.optim.Optimizer
-        and n not in TORCH_OPTIMIZERS
+        and n not in TORCH_FACTS
     )
     return [
         OptimizerSpec(
@@ -330,11 +330,17 @@ def _torch_specs() -> list[OptimizerSpec]:
             provider="torch",
             qualified=f"torch:{n}",
             loader=(lambda n=n: getattr(torch.optim, n)),
-            explicit_schema=TORCH_OPTIMIZERS[n][0] if n in TORCH_OPTIMIZERS else None,
+            explicit_schema=functools.partial(_torch_schema, n) if n in TORCH_FACTS else None,
             version=torch.__version__,
         )
         for n in names
     ]
+
+
+def _torch_schema(name: str) -> Any:
+    from ._torch_optims import TORCH_SCHEMAS
+
+    return TORCH_SCHEMAS[name]
 
 
 def _package_specs() -> list[OptimizerSpec]:

@@ -75,12 +75,12 @@ def parse_optim_args(text: str) -> dict[str, Any]:
 
 # Field types shared by schemas, so constraints read the same everywhere.
 Literalish = BeforeValidator(parse_literal)
-LR = Annotated[float, Literalish, Field(ge=0.0, description="learning rate")]
-Beta = Annotated[float, Literalish, Field(ge=0.0, lt=1.0)]
-Betas = Annotated[tuple[Beta, Beta], Literalish, Field(description="coefficients of the running averages")]
-Eps = Annotated[float, Literalish, Field(ge=0.0, description="term added for numerical stability")]
-WeightDecay = Annotated[float, Literalish, Field(ge=0.0, description="weight decay coefficient")]
-Momentum = Annotated[float, Literalish, Field(ge=0.0, description="momentum factor")]
+LR = Annotated[float, Field(ge=0.0, description="learning rate"), Literalish]
+Beta = Annotated[float, Field(ge=0.0, lt=1.0), Literalish]
+Betas = Annotated[tuple[Beta, Beta], Field(description="coefficients of the running averages"), Literalish]
+Eps = Annotated[float, Field(ge=0.0, description="term added for numerical stability"), Literalish]
+WeightDecay = Annotated[float, Field(ge=0.0, description="weight decay coefficient"), Literalish]
+Momentum = Annotated[float, Field(ge=0.0, description="momentum factor"), Literalish]
 Flag = Annotated[bool, Literalish]
 OptionalFlag = Annotated[bool | None, Literalish]
 

@@ -74,6 +74,8 @@ class OptimizerSpec:
         """The pydantic model of the hyper-parameters (``.model_json_schema()``
         exports JSON Schema)."""
         if self.explicit_schema is not None:
+            if callable(self.explicit_schema) and not isinstance(self.explicit_schema, type):
+                return self.explicit_schema()  # a loader: keeps pydantic out of listing
             return self.explicit_schema
         declared = getattr(self.target, "config_schema", None)
         if declared is not None:
@@ -91,9 +93,9 @@ class OptimizerSpec:
         from ._adapt import adapt
 
         cls = adapt(target)
-        from ._torch_optims import TORCH_OPTIMIZERS
+        from ._torch_facts import TORCH_FACTS
 
-        fused_scale = self.source == "torch" and TORCH_OPTIMIZERS.get(self.name, (None, False, False))[2]
+        fused_scale = self.source == "torch" and TORCH_FACTS.get(self.name, (False, False))[1]
         step_with_scale = getattr(cls, "supports_step_with_scale", False)
         return Capabilities(
             memory_efficient_fp16=bool(getattr(cls, "supports_memory_efficient_fp16", False)),

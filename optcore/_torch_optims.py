@@ -15,9 +15,9 @@ from pydantic import Field, model_validator
 
 from ._schema import LR, Beta, Betas, Eps, Flag, HParams, Literalish, Momentum, OptionalFlag, WeightDecay
 
-NonNegative = Annotated[float, Literalish, Field(ge=0.0)]
-Positive = Annotated[float, Literalish, Field(gt=0.0)]
-PositiveInt = Annotated[int, Literalish, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0.0), Literalish]
+Positive = Annotated[float, Field(gt=0.0), Literalish]
+PositiveInt = Annotated[int, Field(gt=0), Literalish]
 
 
 class _Impl(HParams):
@@ -111,7 +111,7 @@ class RAdamConfig(_Impl):
 
 class RMSpropConfig(_Impl):
     lr: LR = 1e-2
-    alpha: Annotated[float, Literalish, Field(ge=0.0, le=1.0, description="smoothing constant")] = 0.99
+    alpha: Annotated[float, Field(ge=0.0, le=1.0, description="smoothing constant"), Literalish] = 0.99
     eps: Eps = 1e-8
     weight_decay: WeightDecay = 0.0
     momentum: Momentum = 0.0
@@ -129,7 +129,7 @@ class AdagradConfig(_Fusable):
 
 class AdadeltaConfig(_Impl):
     lr: LR = 1.0
-    rho: Annotated[float, Literalish, Field(ge=0.0, le=1.0)] = 0.9
+    rho: Annotated[float, Field(ge=0.0, le=1.0), Literalish] = 0.9
     eps: Eps = 1e-6
     weight_decay: WeightDecay = 0.0
     capturable: Flag = False
@@ -146,8 +146,8 @@ class ASGDConfig(_Impl):
 
 class RpropConfig(_Impl):
     lr: LR = 1e-2
-    etas: Annotated[tuple[Positive, Positive], Literalish, Field(description="(decrease, increase) factors")] = (0.5, 1.2)
-    step_sizes: Annotated[tuple[NonNegative, NonNegative], Literalish, Field(description="(min, max) step")] = (1e-6, 50.0)
+    etas: Annotated[tuple[Positive, Positive], Field(description="(decrease, increase) factors"), Literalish] = (0.5, 1.2)
+    step_sizes: Annotated[tuple[NonNegative, NonNegative], Field(description="(min, max) step"), Literalish] = (1e-6, 50.0)
     capturable: Flag = False
 
     @model_validator(mode="after")
@@ -160,7 +160,7 @@ class RpropConfig(_Impl):
 class LBFGSConfig(HParams):
     lr: LR = 1.0
     max_iter: PositiveInt = 20
-    max_eval: Annotated[int | None, Literalish, Field(gt=0)] = None
+    max_eval: Annotated[int | None, Field(gt=0), Literalish] = None
     tolerance_grad: NonNegative = 1e-7
     tolerance_change: NonNegative = 1e-9
     history_size: PositiveInt = 100
@@ -179,7 +179,7 @@ class TorchAdafactorConfig(HParams):
     clipping; not the fairseq/Hugging Face algorithm (see optcore-adafactor)."""
 
     lr: LR = 1e-2
-    beta2_decay: Annotated[float, Literalish, Field(le=0.0)] = -0.8
+    beta2_decay: Annotated[float, Field(le=0.0), Literalish] = -0.8
     eps: Annotated[tuple[NonNegative | None, NonNegative], Literalish] = (None, 1e-3)
     d: Positive = 1.0
     weight_decay: WeightDecay = 0.0
@@ -198,25 +198,21 @@ class MuonConfig(HParams):
     adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = None
 
 
-#: name -> (schema, pointwise update (works on a flat param), fused kernel takes grad_scale)
-TORCH_OPTIMIZERS: dict[str, tuple[type[HParams], bool, bool]] = {
-    "SGD": (SGDConfig, True, True),
-    "Adam": (AdamConfig, True, True),
-    "AdamW": (AdamWConfig, True, True),
-    "Adamax": (AdamaxConfig, True, False),
-    "NAdam": (NAdamConfig, True, False),
-    "RAdam": (RAdamConfig, True, False),
-    "RMSprop": (RMSpropConfig, True, False),
-    "Adagrad": (AdagradConfig, True, True),
-    "Adadelta": (AdadeltaConfig, True, False),
-    "ASGD": (ASGDConfig, True, False),
-    "Rprop": (RpropConfig, True, False),
-    "LBFGS": (LBFGSConfig, False, False),
-    "SparseAdam": (SparseAdamConfig, False, False),
-    "Adafactor": (TorchAdafactorConfig, False, False),
-    "Muon": (MuonConfig, False, False),
+#: name -> schema
+TORCH_SCHEMAS: dict[str, type[HParams]] = {
+    "SGD": SGDConfig,
+    "Adam": AdamConfig,
+    "AdamW": AdamWConfig,
+    "Adamax": AdamaxConfig,
+    "NAdam": NAdamConfig,
+    "RAdam": RAdamConfig,
+    "RMSprop": RMSpropConfig,
+    "Adagrad": AdagradConfig,
+    "Adadelta": AdadeltaConfig,
+    "ASGD": ASGDConfig,
+    "Rprop": RpropConfig,
+    "LBFGS": LBFGSConfig,
+    "SparseAdam": SparseAdamConfig,
+    "Adafactor": TorchAdafactorConfig,
+    "Muon": MuonConfig,
 }
-
-#: Classes that can only hold one param group / must run the closure themselves.
-SINGLE_GROUP = frozenset({"LBFGS"})
-PASSES_CLOSURE = frozenset({"LBFGS"})

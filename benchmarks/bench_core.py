@@ -1,0 +1,158 @@
+"""Core speed: adapter overhead, the fused default, import cost, plugin resolution.
+
+    python benchmarks/bench_core.py [--sizes 10 100] [--repeats 15]
+
+Prints a markdown table. Step ratios are measured side by side in one process
+(interleaved, median of repeats); the bandwidth bound is bytes moved per step
+divided by the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+
+import optcore
+
+
+def transformer_shaped(n_params: float, d_model: int | None = None) -> list[torch.Tensor]:
+    """Weights of a transformer stack (attention d x d four times, MLP d x 4d
+    twice, biases and norms) adding up to about ``n_params``."""
+    d = d_model or (512 if n_params < 3e7 else 1024)
+    per_layer = 12 * d * d + 13 * d
+    layers = max(1, round(n_params / per_layer))
+    shapes = []
+    for _ in range(layers):
+        shapes += [(d, d)] * 4 + [(d,)] * 4 + [(4 * d, d), (4 * d,), (d, 4 * d), (d,)] + [(d,)] * 4
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+
+
+def copy_bandwidth(n: int = 50_000_000, repeats: int = 10) -> float:
+    """Bytes per second of a large tensor copy (read + write)."""
+    src, dst = torch.randn(n), torch.empty(n)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return 2 * n * 4 / min(times)
+
+
+def step_time(opts: dict[str, torch.optim.Optimizer], repeats: int) -> dict[str, float]:
+    """Median seconds per step of each optimizer, runs interleaved."""
+    for opt in opts.values():
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    p.grad = torch.randn_like(p) * 1e-3
+        opt.step()  # state allocation
+    samples: dict[str, list[float]] = {k: [] for k in opts}
+    for _ in range(repeats):
+        for name, opt in opts.items():
+            t = time.perf_counter()
+            opt.step()
+            samples[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def fresh(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    out = []
+    for p in params:
+        q = p.detach().clone().requires_grad_()
+        q.grad = p.grad.clone() if p.grad is not None else torch.randn_like(p) * 1e-3
+        out.append(q)
+    return out
+
+
+def import_cost(runs: int = 7) -> float:
+    """Median seconds ``import optcore`` takes after ``import torch``, each in a
+    fresh process (timed inside it: process start-up noise is not counted)."""
+    code = "import time, torch; t = time.perf_counter(); import optcore; print(time.perf_counter() - t)"
+    times = [
+        float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+        for _ in range(runs)
+    ]
+    return statistics.median(times)
+
+
+def plugin_resolution(n_dists: int = 50) -> float:
+    """Seconds for the first resolve of a plugin name in a fresh process with
+    ``n_dists`` extra distributions declaring optcore entry points."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for i in range(n_dists):
+            info = root / f"optcore_fake{i}-1.0.dist-info"
+            info.mkdir()
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: optcore-fake{i}\nVersion: 1.0\n")
+            (info / "entry_points.txt").write_text(f"[optcore.optimizers]\nFake{i} = optcore_fake{i}:Fake\n")
+        code = textwrap.dedent(
+            f"""
+            import sys, time, torch, optcore
+            sys.path.insert(0, {str(root)!r})
+            t = time.perf_counter()
+            spec = optcore.resolve("Fake{n_dists - 1}")
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            optcore.resolve("Fake0")
+            print(first, time.perf_counter() - t)
+            """
+        )
+        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+        first, again = map(float, out.split())
+        return first, again
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=float, nargs="+", default=[10, 100], help="millions of parameters")
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    bw = copy_bandwidth()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, copy bandwidth {bw / 1e9:.1f} GB/s\n")
+    print("| params | optimizer | variant | ms/step | x bound | ratio |")
+    print("|---|---|---|---|---|---|")
+    for millions in args.sizes:
+        base = transformer_shaped(millions * 1e6)
+        n = sum(p.numel() for p in base)
+        for name, cls, bytes_per, kwargs in (
+            ("AdamW", torch.optim.AdamW, 28, {"lr": 1e-3}),
+            ("SGD", torch.optim.SGD, 20, {"lr": 1e-3, "momentum": 0.9}),
+        ):
+            bound = n * bytes_per / bw
+            cfg = {"type": name, "no_decay": False, **kwargs}
+            opts = {
+                "torch fused": cls(fresh(base), fused=True, **kwargs),
+                "optcore fused": optcore.build_optimizer({**cfg, "fused": True}, fresh(base)),
+                "torch default": cls(fresh(base), **kwargs),
+                "optcore default": optcore.build_optimizer(cfg, fresh(base)),
+            }
+            t = step_time(opts, args.repeats)
+            rows = [
+                ("torch fused", "1.00 (reference)"),
+                ("optcore fused", f"{t['optcore fused'] / t['torch fused']:.3f} vs torch fused (goal <= 1.02)"),
+                ("torch default", "1.00 (reference)"),
+                ("optcore default", f"{t['optcore default'] / t['torch default']:.3f} vs torch default (goal <= 0.4)"),
+            ]
+            for variant, ratio in rows:
+                print(f"| {n / 1e6:.0f}M | {name} | {variant} | {t[variant] * 1e3:.1f} | {t[variant] / bound:.2f} | {ratio} |")
+            del opts
+    cost = import_cost()
+    first, again = plugin_resolution()
+    print(f"\nimport optcore after import torch: {cost * 1e3:.1f} ms (goal <= 30 ms)")
+    print(f"resolve a plugin name among 50 entry-point distributions: first {first * 1e3:.2f} ms "
+          f"(goal <= 5 ms), cached {again * 1e6:.0f} us")
+
+
+if __name__ == "__main__":
+    main()
