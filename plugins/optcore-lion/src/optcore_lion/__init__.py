@@ -1,0 +1,11 @@
+"""optcore-lion: the Lion optimizer (Chen et al. 2023) as an optcore plugin.
+
+Installing this distribution registers ``Lion`` in the entry-point group
+``optcore.optimizers``, so ``optcore.build_optimizer({"type": "Lion"}, model)``
+works (``"optcore_lion:Lion"`` picks this one where lion-pytorch is installed too).
+"""
+
+from .lion import Lion, LionConfig, lion_update
+
+__all__ = ["Lion", "LionConfig", "lion_update"]
+__version__ = "0.1.0"
