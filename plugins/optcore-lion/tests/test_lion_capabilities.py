@@ -35,7 +35,8 @@ def test_lion_declares_its_capabilities():
 def test_lion_low_precision_params_update_in_fp32_with_fp32_state(impl, dtype):
     params, ref = _tensors(dtype), [p.detach().float().requires_grad_() for p in _tensors(dtype)]
     fp32_run = [p.detach().float().requires_grad_() for p in _tensors(dtype)]
-    opt, ref_opt = Lion(params, lr=1e-2, weight_decay=0.1, **IMPLS[impl]), lion_pytorch.Lion(ref, lr=1e-2, weight_decay=0.1)
+    opt = Lion(params, lr=1e-2, weight_decay=0.1, **IMPLS[impl])
+    ref_opt = lion_pytorch.Lion(ref, lr=1e-2, weight_decay=0.1)
     fp32_opt = Lion(fp32_run, lr=1e-2, weight_decay=0.1)
     for grads in _grads(params, 10):
         for p, r, f, g in zip(params, ref, fp32_run, grads):
@@ -70,7 +71,8 @@ def test_lion_step_with_scale_equals_dividing_the_grads_first(impl, scale, maxim
     atol = 0 if scale == 1024.0 else 1e-6  # a power of two divides exactly
     for pa, pb in zip(a, b):
         torch.testing.assert_close(pa, pb, atol=atol, rtol=0)
-        torch.testing.assert_close(opt_a.state[pa]["exp_avg"], opt_b.state[pb]["exp_avg"], atol=max(atol, 1e-7), rtol=1e-6)
+        ma, mb = opt_a.state[pa]["exp_avg"], opt_b.state[pb]["exp_avg"]
+        torch.testing.assert_close(ma, mb, atol=max(atol, 1e-7), rtol=1e-6)
 
 
 def test_lion_flat_param_equals_per_tensor_params():

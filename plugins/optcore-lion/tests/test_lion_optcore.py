@@ -11,11 +11,14 @@ import torch
 from optcore.testing import CHECKS, run_check
 from optcore_lion import Lion
 
-INSTALLED = any(ep.name == "Lion" and ep.value == "optcore_lion:Lion" for ep in entry_points(group="optcore.optimizers"))
+INSTALLED = any(ep.value == "optcore_lion:Lion" for ep in entry_points(group="optcore.optimizers", name="Lion"))
 needs_install = pytest.mark.skipif(not INSTALLED, reason="pip install ./plugins/optcore-lion to test the entry point")
 
 
-@pytest.mark.parametrize("impl", [{}, {"foreach": True}, {"fused": False, "foreach": False}], ids=["default", "foreach", "forloop"])
+IMPLS = {"default": {}, "foreach": {"foreach": True}, "forloop": {"fused": False, "foreach": False}}
+
+
+@pytest.mark.parametrize("impl", IMPLS.values(), ids=IMPLS)
 @pytest.mark.parametrize("check", CHECKS)
 def test_lion_passes_the_conformance_kit(check, impl):
     run_check(check, {"type": "optcore_lion:Lion", "lr": 1e-3, **impl})
@@ -33,7 +36,8 @@ def test_lion_builds_from_a_config_with_decay_groups():
 
 def test_lion_config_errors_name_the_field():
     with pytest.raises(optcore.ConfigError) as info:
-        optcore.build_optimizer({"type": "optcore_lion:Lion", "lr": -1, "beta": 0.9}, [torch.zeros(2, requires_grad=True)])
+        config = {"type": "optcore_lion:Lion", "lr": -1, "beta": 0.9}
+        optcore.build_optimizer(config, [torch.zeros(2, requires_grad=True)])
     fields = {name for name, _ in info.value.problems}
     assert {"lr", "beta"} <= fields and "betas" in str(info.value)  # the misspelt field gets a suggestion
 

@@ -97,7 +97,8 @@ def load() -> ctypes.CDLL | None:
             continue
         P = ctypes.POINTER(ctypes.c_void_p)
         f = ctypes.c_float
-        lib.lion_fp32.argtypes = [ctypes.c_int64, P, P, P, ctypes.POINTER(ctypes.c_int64), f, f, f, f, f, f, ctypes.c_int]
+        i64 = ctypes.c_int64
+        lib.lion_fp32.argtypes = [i64, P, P, P, ctypes.POINTER(i64), f, f, f, f, f, f, ctypes.c_int]
         lib.lion_fp32.restype = None
         unavailable_reason = None
         return lib

@@ -34,18 +34,15 @@ _CHUNK = 1 << 18  # elements per CPU chunk: p, g, m and c chunks (4 MiB in fp32)
 class LionConfig(HParams):
     """Hyper-parameters of :class:`Lion`; the defaults are the paper's."""
 
-    lr: LR = Field(1e-4, description="learning rate; each coordinate moves by lr per step, so use ~3-10x less than AdamW's")
-    betas: Betas = Field(
-        (0.9, 0.99), description="(beta1, beta2): beta1 mixes momentum and gradient into the update, beta2 decays the momentum"
-    )
+    lr: LR = Field(1e-4, description="learning rate; each coordinate moves by lr per step: ~3-10x less than AdamW's")
+    betas: Betas = Field((0.9, 0.99), description="(beta1, beta2): beta1 mixes momentum and gradient into the "
+                         "update, beta2 decays the momentum")
     weight_decay: WeightDecay = Field(0.0, description="decoupled weight decay (p *= 1 - lr*wd); use ~3-10x AdamW's")
     maximize: Flag = Field(False, description="maximize the objective instead of minimizing it")
-    foreach: OptionalFlag = Field(
-        None, description="True: torch._foreach_* ops per (device, dtype); False: a per-tensor loop; None: choose per device"
-    )
-    fused: OptionalFlag = Field(
-        None, description="True: the one-pass C kernel (fp32 CPU tensors only); None: use it where it applies; False: never"
-    )
+    foreach: OptionalFlag = Field(None, description="True: torch._foreach_* ops per (device, dtype); False: a "
+                                  "per-tensor loop; None: foreach on accelerators")
+    fused: OptionalFlag = Field(None, description="True: the one-pass C kernel (fp32 CPU tensors only); None: use "
+                                "it where it applies; False: never")
 
 
 def lion_update(p: Tensor, g: Tensor, m: Tensor, c: Tensor, *, lr: float, weight_decay: float,
@@ -193,9 +190,9 @@ class Lion(Optimizer):
                 raise ConfigError(f"Lion cannot step: the gradient of a parameter of shape {tuple(p.shape)} "
                                   f"({p.dtype}, {p.device}) {problem}.", problems=[("params", problem)], target="Lion")
         if group["fused"] and _cpu_kernel.load() is None:
-            raise ConfigError(f"Lion: fused=True, but the C kernel could not be built: {_cpu_kernel.unavailable_reason}. "
-                              "Set fused=None to use the eager path.", problems=[("fused", "kernel unavailable")],
-                              target="Lion")
+            raise ConfigError(f"Lion: fused=True, but the C kernel could not be built: "
+                              f"{_cpu_kernel.unavailable_reason}. Set fused=None to use the eager path.",
+                              problems=[("fused", "kernel unavailable")], target="Lion")
 
     def _gather(self, group: dict[str, Any]) -> tuple[tuple[list[Tensor], ...], ...]:
         """Create missing state and route each (param, grad, momentum) to an implementation."""
