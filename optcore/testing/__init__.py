@@ -152,7 +152,7 @@ def _train(opt: Any, model: nn.Module, steps: int, inputs: ConformanceInputs, se
         else:
             loss = closure()
             opt.step(**step_kwargs)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
@@ -346,7 +346,7 @@ def _converges(config: dict[str, Any], inputs: ConformanceInputs) -> None:
     model = _model(inputs)
     opt = _build(config, model)
     batch = _data(0)
-    first = float(_loss(model, batch))
+    first = float(_loss(model, batch).detach())
     losses = []
     for _ in range(inputs.converge_steps):
         def closure() -> torch.Tensor:
@@ -360,7 +360,7 @@ def _converges(config: dict[str, Any], inputs: ConformanceInputs) -> None:
         else:
             closure()
             opt.step()
-        losses.append(float(_loss(model, batch)))
+        losses.append(float(_loss(model, batch).detach()))
     assert all(math.isfinite(v) for v in losses), "loss became non-finite"
     assert min(losses) < inputs.converge_ratio * first, (
         f"loss fell only from {first:.4g} to {min(losses):.4g} in {inputs.converge_steps} steps"
