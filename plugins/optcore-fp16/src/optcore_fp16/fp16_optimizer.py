@@ -1,0 +1,330 @@
+"""FP16Optimizer: an fp32 master copy of half-precision parameters.
+
+The model computes in fp16 (or bf16); the inner optimizer steps an fp32 copy of
+the parameters, so small updates are not lost to rounding. Per step:
+
+1. ``backward(loss)`` — gradients of ``loss * loss_scale`` (fp16 only);
+2. ``step()`` — copy the fp16 gradients into the fp32 master gradients, dividing
+   out ``loss_scale / (clip and multiply factors)`` and looking for inf/NaN in
+   the same pass (a C kernel on CPU, see :mod:`._cpu_kernel`; elsewhere torch
+   ops, with the factor handed to the inner step as ``scale``); skip the step
+   on inf/NaN; else step the inner optimizer and copy the fp32 parameters back
+   to the model.
+
+The master copy is flat — one contiguous buffer per param group and device —
+when the inner optimizer ``supports_flat_params`` (pointwise updates), so the
+copies and the update are a few large kernels; per-tensor otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from optcore import ConfigError, validate_hparams
+
+from . import _cpu_kernel
+from ._wrapper import ParamGroupView, PrecisionWrapper, is_contract, non_finite
+from .loss_scaler import DynamicLossScaler
+from .schemas import FP16OptimizerConfig, LossScalerConfig
+
+MASTER_KEY = "fp32_params"
+
+
+@dataclass
+class _Masters:
+    """The fp32 copy of one param group's trainable parameters."""
+
+    params: list[Tensor]  # the model's trainable parameters of the group
+    tensors: list[Tensor] = field(default_factory=list)  # what the inner optimizer steps
+    views: list[Tensor] = field(default_factory=list)  # per model parameter: its fp32 value
+    grad_views: list[Tensor] = field(default_factory=list)  # per model parameter: its fp32 grad (flat only)
+    spans: list[tuple[int, int, int]] = field(default_factory=list)  # per model parameter: (buffer, start, end)
+
+
+def _flat_masters(params: list[Tensor]) -> _Masters:
+    """One contiguous fp32 buffer (and grad buffer) per device. Master tensors
+    do not require grad: autograd never sees them, and their views stay plain
+    tensors (which deep-copy and pickle)."""
+    masters = _Masters(params)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, p in enumerate(params):
+        by_device.setdefault(p.device, []).append(i)
+    views: list[Tensor | None] = [None] * len(params)
+    grad_views: list[Tensor | None] = [None] * len(params)
+    spans: list[tuple[int, int, int]] = [(0, 0, 0)] * len(params)
+    for buffer, (device, idx) in enumerate(by_device.items()):
+        total = sum(params[i].numel() for i in idx)
+        flat = torch.empty(total, dtype=torch.float32, device=device)
+        flat.grad = torch.zeros_like(flat)
+        offset = 0
+        for i in idx:
+            n = params[i].numel()
+            views[i] = flat[offset : offset + n].view_as(params[i])
+            grad_views[i] = flat.grad[offset : offset + n].view_as(params[i])
+            spans[i] = (buffer, offset, offset + n)
+            offset += n
+        masters.tensors.append(flat)
+    masters.views = [v for v in views if v is not None]
+    masters.grad_views = [v for v in grad_views if v is not None]
+    masters.spans = spans
+    with torch.no_grad():
+        torch._foreach_copy_(masters.views, [p.detach() for p in params])
+    return masters
+
+
+def _per_tensor_masters(params: list[Tensor]) -> _Masters:
+    tensors = [p.detach().to(torch.float32, copy=True) for p in params]
+    return _Masters(params, tensors, list(tensors))
+
+
+class FP16Optimizer(PrecisionWrapper):
+    """Mixed-precision training with an fp32 master copy of the parameters.
+
+    Args:
+        optimizer: an optimizer freshly built on the model's fp16/bf16
+            parameters (its ``param_groups`` are re-pointed to the fp32 copy).
+        loss_scaler: options of the :class:`DynamicLossScaler` (fp16 only), or one.
+        precision: ``"fp16"`` (dynamic loss scaling) or ``"bf16"`` (none needed).
+        flat: one flat fp32 buffer per param group and device. Default: when
+            the optimizer ``supports_flat_params``; asking for it when it does
+            not is a ConfigError.
+
+    A parameter without a gradient is left alone, as torch optimizers do: with a
+    flat copy (which has no "missing" entries) its slices of the master and of
+    the optimizer's per-element state are put back after the step.
+    """
+
+    config_schema: ClassVar[type[FP16OptimizerConfig]] = FP16OptimizerConfig
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        loss_scaler: LossScalerConfig | DynamicLossScaler | Mapping[str, Any] | None = None,
+        precision: str = "fp16",
+        flat: bool | None = None,
+    ) -> None:
+        given_scaler = loss_scaler if isinstance(loss_scaler, DynamicLossScaler) else None
+        opts = validate_hparams(
+            self.config_schema,
+            {"loss_scaler": None if given_scaler else loss_scaler, "precision": precision, "flat": flat},
+            "FP16Optimizer",
+        )
+        super().__init__(optimizer, given_scaler or opts["loss_scaler"], opts["precision"])
+        self.flat = self._choose_flat(opts["flat"])
+        self._masters: list[_Masters] = []
+        self.param_groups = []
+        for group in optimizer.param_groups:
+            self._attach(group)
+
+    def _choose_flat(self, flat: bool | None) -> bool:
+        supported = bool(getattr(self.optimizer, "supports_flat_params", False))
+        if flat and not supported:
+            name = type(self.optimizer).__name__
+            reason = getattr(self.optimizer, "flat_params_unsupported_reason", None) or (
+                f"{name} does not declare supports_flat_params (its update may depend on each parameter's shape)."
+            )
+            raise ConfigError(
+                f"FP16Optimizer: flat=True, but {name} cannot step one flat parameter. {reason} "
+                "Drop flat (a per-tensor fp32 copy is then used).",
+                problems=[("flat", f"{name} does not support flat params")],
+                target="FP16Optimizer",
+            )
+        return supported if flat is None else flat
+
+    def _attach(self, inner_group: dict[str, Any]) -> None:
+        """Make the fp32 copy of ``inner_group``'s parameters and re-point the
+        group to it; the wrapper's view of the group keeps the model's tensors."""
+        model_params = list(inner_group["params"])
+        trainable = [p for p in model_params if p.requires_grad]
+        masters = (_flat_masters if self.flat else _per_tensor_masters)(trainable) if trainable else _Masters([])
+        inner_group["params"] = masters.tensors
+        self._masters.append(masters)
+        self.param_groups.append(ParamGroupView(inner_group, model_params))
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add model parameters: their fp32 copy joins the inner optimizer as a new group."""
+        group = dict(param_group)
+        params = group["params"]
+        group["params"] = [params] if isinstance(params, Tensor) else list(params)
+        model_params = group["params"]
+        self.optimizer.add_param_group(group)
+        inner_group = self.optimizer.param_groups[-1]
+        inner_group["params"] = model_params
+        self._attach(inner_group)
+
+    def _repr_extra(self) -> str:
+        return f", flat={self.flat}"
+
+    # ------------------------------------------------------------------- step
+    def _step_inner(self, indices: list[int] | None, scale: float, check: bool) -> bool:
+        selected = self._masters if indices is None else [self._masters[i] for i in indices]
+        found = self._kernel_copy(selected, 1.0 / scale) if self.precision == "fp16" else None
+        if found is None:
+            found, scale = self._torch_copy(selected, scale, check)
+        else:
+            scale = 1.0  # the kernel unscaled
+        if check and found:
+            return False
+        grads = [t.grad for m in selected for t in m.tensors if t.grad is not None]
+        held = [kept for m in selected for kept in self._hold_gradless(m)] if self.flat else []
+        self._call_inner_step(indices, scale, lambda: grads)
+        for dst, saved in held:
+            dst.copy_(saved)
+        for m in selected:
+            if m.params:
+                torch._foreach_copy_(m.params, m.views)
+        return True
+
+    def _kernel_copy(self, selected: list[_Masters], unscale: float) -> bool | None:
+        """On CPU, the fp16 grads into the fp32 master grads times ``unscale``
+        in one pass that also notes any inf/NaN (see :mod:`._cpu_kernel`).
+        Returns whether one was seen, or None where the kernel does not apply."""
+        srcs = [p.grad for m in selected for p in m.params]
+        masters = [t for m in selected for t in (m.grad_views if self.flat else m.tensors)]
+        if not srcs or not _cpu_kernel.eligible(srcs, masters) or not _cpu_kernel.available():
+            return None
+        if not self.flat:
+            for t in masters:
+                if t.grad is None:
+                    t.grad = torch.empty_like(t)
+            masters = [t.grad for t in masters]
+        return _cpu_kernel.half_to_float_scaled_(srcs, masters, unscale)
+
+    def _torch_copy(self, selected: list[_Masters], scale: float, check: bool) -> tuple[bool, float]:
+        """The same with torch ops: a fused copy, plus the check in the cheapest
+        pass that applies. Returns (inf/NaN seen, the scale left for the inner step)."""
+        folds = self._inner_folds_scale()
+        if check and folds and not self.flat and non_finite(self._model_grads_of(selected)):
+            return True, scale  # per-tensor: the fp16 grads are half the bytes of the fp32 copies
+        for m in selected:
+            self._grads_to_master(m)
+        if not check or (folds and not self.flat):
+            return False, scale
+        grads = [t.grad for m in selected for t in m.tensors if t.grad is not None]
+        if folds:
+            # read-only: an fp32 sum of fp16-born values cannot overflow, so it is
+            # finite exactly when every element is; the inner step unscales
+            return not bool(torch.isfinite(torch.stack([g.sum() for g in grads]).sum())), scale
+        # the inner step would unscale in a pass of its own: unscale in the check's pass
+        return non_finite(grads, unscale=1.0 / scale), 1.0
+
+    def _inner_folds_scale(self) -> bool:
+        return is_contract(self.optimizer) and bool(getattr(self.optimizer, "supports_step_with_scale", False))
+
+    @staticmethod
+    def _model_grads_of(masters: list[_Masters]) -> list[Tensor]:
+        return [p.grad for m in masters for p in m.params if p.grad is not None]
+
+    def _grads_to_master(self, m: _Masters) -> None:
+        """fp16 grads -> fp32 master grads, one fused copy. A parameter without a
+        gradient gets a zero slot (flat) or no master gradient (per-tensor)."""
+        src = [p.grad for p in m.params]
+        if self.flat and all(g is not None for g in src):
+            torch._foreach_copy_(m.grad_views, src)
+            return
+        dst = []
+        for i, grad in enumerate(src):
+            if grad is not None:
+                if self.flat:
+                    dst.append(m.grad_views[i])
+                else:
+                    master = m.tensors[i]
+                    if master.grad is None:
+                        master.grad = torch.empty_like(master)
+                    dst.append(master.grad)
+            elif self.flat:
+                m.grad_views[i].zero_()
+            else:
+                m.tensors[i].grad = None
+        if dst:
+            torch._foreach_copy_(dst, [g for g in src if g is not None])
+
+    def _hold_gradless(self, m: _Masters) -> list[tuple[Tensor, Tensor]]:
+        """(slice, copy) of the master and per-element state of every parameter
+        without a gradient, to restore after the step (usually none)."""
+        held = []
+        for i, p in enumerate(m.params):
+            if p.grad is not None:
+                continue
+            buffer, start, end = m.spans[i]
+            flat = m.tensors[buffer]
+            targets = [flat] + [
+                v
+                for v in self.optimizer.state.get(flat, {}).values()
+                if isinstance(v, Tensor) and v.shape == flat.shape and v.is_floating_point()
+            ]
+            held += [(t[start:end], t[start:end].clone()) for t in targets]
+        return held
+
+    # -------------------------------------------------------------- distributed
+    @torch.no_grad()
+    def average_params(self, group: Any = None) -> None:
+        """Average the fp32 master copy (and the inner state) over ranks, then
+        refresh the model's parameters from it."""
+        if hasattr(self.optimizer, "average_params"):
+            self.optimizer.average_params(group)
+        for m in self._masters:
+            if m.params:
+                torch._foreach_copy_(m.params, m.views)
+
+    # ------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """Also holds the fp32 master parameters, so a resumed run continues the
+        exact trajectory instead of restarting from the rounded fp16 weights."""
+        sd = super().state_dict()
+        sd[MASTER_KEY] = [list(m.tensors) for m in self._masters]
+        return sd
+
+    def _layout(self) -> dict[str, Any]:
+        return {"flat": self.flat}
+
+    def _layout_hint(self) -> str:
+        if self.flat:
+            return (
+                "With flat=True the inner optimizer steps one fp32 tensor per param group and device; "
+                "a checkpoint of an unwrapped optimizer (one state entry per parameter) loads into "
+                "FP16Optimizer(..., flat=False)."
+            )
+        return "Load a checkpoint of the same model and optimizer."
+
+    def _check_layout(self, info: Mapping[str, Any]) -> None:
+        saved = info.get("flat")
+        if saved is not None and bool(saved) != self.flat:
+            raise ConfigError(
+                f"This checkpoint was saved by an FP16Optimizer with flat={bool(saved)}, but this one has "
+                f"flat={self.flat}: the inner optimizer's state is laid out differently. Build the wrapper "
+                f"with flat={bool(saved)}.",
+                problems=[("flat", "differs from the checkpoint")],
+                target="FP16Optimizer",
+            )
+
+    def _pop_extras(self, sd: dict[str, Any]) -> Any:
+        return sd.pop(MASTER_KEY, None)
+
+    @torch.no_grad()
+    def _load_extras(self, extras: Any, sd: Mapping[str, Any]) -> None:
+        """Restore the fp32 masters (or rebuild them from the model's weights for
+        a checkpoint without them), then make the model match them."""
+        # torch's load_state_dict replaced the inner group dicts: follow them
+        for view, inner_group in zip(self.param_groups, self.optimizer.param_groups):
+            view.inner = inner_group
+        for i, m in enumerate(self._masters):
+            if not m.params:
+                continue
+            if extras is not None:
+                saved = extras[i]
+                if len(saved) != len(m.tensors) or any(s.shape != t.shape for s, t in zip(saved, m.tensors)):
+                    raise ConfigError(
+                        f"The checkpoint's fp32 parameters of group {i} do not match this model's "
+                        "(different parameters or shapes); load a checkpoint of the same model.",
+                        target="FP16Optimizer",
+                    )
+                torch._foreach_copy_(m.tensors, [s.to(t.device) for s, t in zip(saved, m.tensors)])
+                torch._foreach_copy_(m.params, m.views)
+            else:
+                torch._foreach_copy_(m.views, [p.detach() for p in m.params])

@@ -1,0 +1,165 @@
+"""Both ways in through the core: the shorthand (the pluggy hook) and the
+wrappers as named types; plus the shared conformance kit."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+from fp16_helpers import HalfSGD, adamw, data, loss_fn, mlp
+from optcore_fp16 import FP16Optimizer, MemoryEfficientFP16Optimizer
+from optcore_fp16.hooks import optcore_wrap_optimizer
+
+import optcore
+from optcore import ConfigError
+
+INSTALLED = any(ep.name == "FP16Optimizer" for ep in importlib.metadata.entry_points(group="optcore.optimizers"))
+needs_install = pytest.mark.skipif(not INSTALLED, reason="optcore-fp16 is not pip-installed (no entry points)")
+
+
+@pytest.fixture
+def half_sgd() -> Iterator[str]:
+    """HalfSGD registered by name, for memory-efficient builds without other plugins."""
+    optcore.register_optimizer("Fp16TestHalfSGD", HalfSGD)
+    yield "Fp16TestHalfSGD"
+    optcore.unregister_optimizer("Fp16TestHalfSGD")
+
+
+# --------------------------------------------------------------------- hook
+def test_hook_picks_the_wrapper() -> None:
+    model = mlp(torch.float16)
+    assert optcore_wrap_optimizer(adamw(model), {}) is None
+    assert optcore_wrap_optimizer(adamw(model), {"precision": "fp32", "memory_efficient": None}) is None
+    wrapped = optcore_wrap_optimizer(adamw(model), {"precision": "fp16", "loss_scaler": {"init_scale": 32}})
+    assert isinstance(wrapped, FP16Optimizer) and wrapped.loss_scale == 32
+    wrapped = optcore_wrap_optimizer(HalfSGD(model.parameters()), {"precision": "fp16", "memory_efficient": True})
+    assert isinstance(wrapped, MemoryEfficientFP16Optimizer)
+
+
+def test_hook_rejects_stray_and_bad_options() -> None:
+    model = mlp(torch.float16)
+    with pytest.raises(ConfigError, match="only apply to half-precision"):
+        optcore_wrap_optimizer(adamw(model), {"memory_efficient": True})
+    with pytest.raises(ConfigError) as err:
+        optcore_wrap_optimizer(adamw(model), {"precision": "fp8", "loss_scaler": {"scale_window": 0}})
+    assert {f for f, _ in err.value.problems} == {"precision", "loss_scaler.scale_window"}
+
+
+# -------------------------------------------------------------------- build
+@needs_install
+def test_shorthand_and_named_forms_train_identically() -> None:
+    x, y = data()
+    runs = []
+    for config in (
+        {"type": "AdamW", "lr": 1e-2, "precision": "fp16", "loss_scaler": {"init_scale": 256}},
+        {"type": "FP16Optimizer", "optimizer": {"type": "AdamW", "lr": 1e-2}, "loss_scaler": {"init_scale": 256}},
+    ):
+        model = mlp(torch.float16)
+        opt = optcore.build_optimizer(config, model)
+        assert isinstance(opt, FP16Optimizer) and opt.flat and opt.loss_scale == 256
+        losses = []
+        for _ in range(5):
+            opt.zero_grad()
+            loss = loss_fn(model, x, y)
+            opt.backward(loss)
+            opt.step()
+            losses.append(float(loss.detach()))
+        runs.append(losses)
+    assert runs[0] == runs[1]
+
+
+@needs_install
+def test_bf16_and_memory_efficient_builds(half_sgd: str) -> None:
+    opt = optcore.build_optimizer({"type": "AdamW", "precision": "bf16"}, mlp(torch.bfloat16))
+    assert isinstance(opt, FP16Optimizer) and opt.loss_scale is None
+    model = mlp(torch.float16)
+    opt = optcore.build_optimizer({"type": half_sgd, "precision": "fp16", "memory_efficient": True}, model)
+    assert isinstance(opt, MemoryEfficientFP16Optimizer) and isinstance(opt.optimizer, HalfSGD)
+    opt = optcore.build_optimizer(
+        {"type": "MemoryEfficientFP16Optimizer", "optimizer": {"type": half_sgd}, "precision": "fp16"}, model
+    )
+    assert isinstance(opt, MemoryEfficientFP16Optimizer)
+    with pytest.raises(ConfigError, match="FP16Optimizer"):
+        optcore.build_optimizer({"type": "AdamW", "precision": "fp16", "memory_efficient": True}, model)
+
+
+@needs_install
+def test_named_form_validates_every_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        optcore.build_optimizer(
+            {"type": "FP16Optimizer", "optimizer": {"type": "AdamW"}, "flat": "maybe", "loss_scaler": {"tolerance": 2}},
+            mlp(torch.float16),
+        )
+    assert {f for f, _ in err.value.problems} == {"flat", "loss_scaler.tolerance"}
+
+
+@needs_install
+def test_entry_points_and_resolution() -> None:
+    spec = optcore.resolve("FP16Optimizer")
+    assert spec.target is FP16Optimizer and spec.source == "plugin" and spec.provider == "optcore-fp16"
+    assert optcore.resolve("MemoryEfficientFP16Optimizer").target is MemoryEfficientFP16Optimizer
+    hooks = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="optcore.hooks")}
+    assert hooks.get("fp16") == "optcore_fp16.hooks"
+
+
+# --------------------------------------------------------- conformance kit
+_CONFIGS = {
+    "shorthand-fp16": {"type": "AdamW", "lr": 1e-2, "precision": "fp16"},
+    "named-per-tensor": {"type": "FP16Optimizer", "optimizer": {"type": "AdamW", "lr": 1e-2}, "flat": False},
+    "shorthand-bf16": {"type": "AdamW", "lr": 1e-2, "precision": "bf16"},
+}
+if importlib.util.find_spec("optcore_lion"):
+    _CONFIGS["lion-memory-efficient"] = {
+        "type": "optcore-lion:Lion",
+        "lr": 1e-3,
+        "precision": "fp16",
+        "memory_efficient": True,
+    }
+
+# What the kit cannot check on a precision wrapper yet (kept as non-strict
+# xfails, so they report XPASS once the kit learns it):
+_KNOWN = {
+    # the wrappers fold multiply_grads and clipping into the step's one factor,
+    # as fairseq does; the kit reads p.grad
+    "grad_ops": "the wrappers fold multiply_grads/clipping into the step, p.grad stays as backward left it",
+    # the kit calls loss.backward(), not optimizer.backward(loss), and turns the
+    # wrapper's 'loss was not scaled' warning into an error
+    "lr_scheduler": "the kit calls loss.backward() instead of the contract's optimizer.backward(loss)",
+}
+
+
+@needs_install
+@pytest.mark.parametrize(
+    "check",
+    [
+        "contract",
+        "grad_ops",
+        "state_dict_roundtrip",
+        "step_with_scale",
+        "closure",
+        "groups",
+        "none_grads",
+        "lr_scheduler",
+        "deepcopy",
+        "converges",
+    ],
+)
+@pytest.mark.parametrize("name", list(_CONFIGS))
+def test_conformance(name: str, check: str, request: pytest.FixtureRequest) -> None:
+    from optcore.testing import run_check
+
+    config = _CONFIGS[name]
+    reason = _KNOWN.get(check) if not (check == "lr_scheduler" and "bf16" in name) else None
+    if check == "groups" and config["type"] == "FP16Optimizer":
+        reason = "the core does not yet pass param_groups of a named wrapper on to the inner optimizer"
+    if reason:
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
+    with warnings.catch_warnings():
+        # the kit's models are fp32: the wrapper says it gains nothing there
+        warnings.filterwarnings("ignore", message=".*no trainable parameter is")
+        warnings.filterwarnings("ignore", message=".*not produced by optimizer.backward")
+        run_check(check, config)

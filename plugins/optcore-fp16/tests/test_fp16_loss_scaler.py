@@ -1,0 +1,171 @@
+"""DynamicLossScaler: fairseq's arithmetic, torch.amp.GradScaler's sequence,
+the minimum, the threshold trap, and its state dict."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from fp16_helpers import adamw, all_finite, data, loss_fn, mlp, poison, same, snapshot
+from optcore_fp16 import DynamicLossScaler, FP16Optimizer
+
+from optcore import ConfigError
+
+# Overflow pattern of the 200-step run: isolated, back-to-back, and a burst
+# long enough to drive the scale down several times, then a long clean stretch.
+POISONED = {
+    3: "inf",
+    4: "nan",
+    20: "inf",
+    41: "nan",
+    42: "inf",
+    43: "inf",
+    44: "nan",
+    90: "inf",
+    150: "nan",
+    151: "inf",
+}
+# (a window short enough to grow the scale between overflows, long enough that
+# it never grows into a natural fp16 overflow of this model's gradients)
+STEPS, INIT, FACTOR, WINDOW = 200, 2.0**10, 2.0, 16
+
+
+def test_fairseq_defaults() -> None:
+    s = DynamicLossScaler()
+    assert (s.loss_scale, s.scale_factor, s.scale_window, s.tolerance, s.threshold, s.min_loss_scale) == (
+        128.0,
+        2.0,
+        2**14,
+        0.0,
+        None,
+        1e-4,
+    )
+    assert DynamicLossScaler(update_freq=4).scale_window == 2**12
+
+
+def _fp16_scale_sequence() -> tuple[list[float], list[bool]]:
+    """The scale each step's backward used, and which steps were skipped, with
+    every invariant of a skipped step checked on the way."""
+    model = mlp(torch.float16)
+    opt = FP16Optimizer(adamw(model), loss_scaler={"init_scale": INIT, "scale_factor": FACTOR, "scale_window": WINDOW})
+    x, y = data()
+    scales, skipped = [], []
+    for step in range(STEPS):
+        opt.zero_grad()
+        scales.append(opt.loss_scale)
+        opt.backward(loss_fn(model, x, y))
+        if step in POISONED:
+            poison(model, POISONED[step])
+        before = snapshot(opt, model)
+        opt.step()
+        after = snapshot(opt, model)
+        skipped.append(opt.last_step_skipped)
+        assert all_finite(after), f"non-finite parameter or state after step {step}"
+        if step in POISONED:
+            assert same(before, after), f"skipped step {step} changed parameters or optimizer state"
+        else:
+            assert not same(before, after), f"clean step {step} changed nothing"
+    assert opt.skipped_steps == len(POISONED)
+    return scales, skipped
+
+
+def _grad_scaler_sequence() -> tuple[list[float], list[bool]]:
+    """torch.amp.GradScaler with the same init/factor/window on the same pattern."""
+    model = mlp(torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler(
+        "cpu", init_scale=INIT, growth_factor=FACTOR, backoff_factor=1 / FACTOR, growth_interval=WINDOW
+    )
+    x, y = data()
+    scales, skipped = [], []
+    for step in range(STEPS):
+        opt.zero_grad()
+        scales.append(scaler.get_scale())
+        scaler.scale(loss_fn(model, x, y)).backward()
+        if step in POISONED:
+            poison(model, POISONED[step])
+        scaler.step(opt)
+        scaler.update()
+        skipped.append(scaler.get_scale() < scales[-1])
+    return scales, skipped
+
+
+def test_overflow_injection_matches_grad_scaler() -> None:
+    scales, skipped = _fp16_scale_sequence()
+    assert [i for i, s in enumerate(skipped) if s] == sorted(POISONED)
+    # halved at each overflow, doubled after each 16 clean steps in a row
+    assert (scales[0], scales[4], scales[5], scales[21], scales[37], scales[45]) == (1024, 512, 256, 128, 256, 16)
+    assert scales[-1] == 256  # the third growth comes with the last step's update
+    ref_scales, ref_skipped = _grad_scaler_sequence()
+    assert scales == ref_scales
+    assert skipped == ref_skipped
+
+
+def test_scale_sequence_by_hand() -> None:
+    s = DynamicLossScaler(init_scale=8.0, scale_window=3)
+    seen = []
+    for overflow in [False, False, False, True, False, False, True, True, False, False, False]:
+        s.update(overflow)
+        seen.append(s.loss_scale)
+    assert seen == [8, 8, 16, 8, 8, 8, 4, 2, 2, 2, 4]
+    assert s.skipped_steps == 3
+
+
+def test_tolerance_lowers_only_past_the_fraction() -> None:
+    # fairseq: lower when overflows since the last rescale / steps since it >= tolerance
+    s = DynamicLossScaler(init_scale=8.0, scale_window=1000, tolerance=0.25)
+    pattern = [True] + [False] * 3 + [True] + [False] * 8 + [True, True, True]
+    seen = []
+    for overflow in pattern:
+        s.update(overflow)
+        seen.append(s.loss_scale)
+    assert seen[0] == 4  # 1/1 >= 0.25
+    assert seen[4] == 2  # 1/4 >= 0.25
+    assert seen[13:] == [2, 2, 1]  # 1/9, 2/10 tolerated; 3/11 is not
+    assert s.skipped_steps == 5
+
+
+def test_minimum_raises_with_advice_and_keeps_state() -> None:
+    s = DynamicLossScaler(init_scale=1.0, min_loss_scale=0.2)
+    s.update(True)
+    s.update(True)
+    assert s.loss_scale == 0.25
+    with pytest.raises(FloatingPointError, match="learning rate"):
+        s.update(True)
+    assert s.loss_scale == 0.25 and s.skipped_steps == 2
+
+
+def test_threshold_that_hides_the_minimum_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="skipped forever") as err:
+        DynamicLossScaler(threshold=1.0, min_loss_scale=1e-4)
+    assert "threshold" in str(err.value)
+    # at the minimum it is reachable: training stops instead of looping
+    s = DynamicLossScaler(init_scale=1.0, threshold=0.5, min_loss_scale=0.5)
+    with pytest.raises(FloatingPointError):
+        s.update(True)
+
+
+def test_bad_values_are_reported_together() -> None:
+    with pytest.raises(ConfigError) as err:
+        DynamicLossScaler(init_scale=-1, scale_factor=0.5, scale_window=0)
+    fields = {field for field, _ in err.value.problems}
+    assert {"init_scale", "scale_factor", "scale_window"} <= fields
+    with pytest.raises(ConfigError, match="init_scale"):
+        DynamicLossScaler(init_scale=1e-5)
+
+
+def test_state_dict_survives_weights_only_load() -> None:
+    s = DynamicLossScaler(init_scale=64.0, scale_window=2)
+    for overflow in [True, False, False, True, False]:
+        s.update(overflow)
+    buf = io.BytesIO()
+    torch.save(s.state_dict(), buf)
+    buf.seek(0)
+    t = DynamicLossScaler(init_scale=64.0, scale_window=2)
+    t.load_state_dict(torch.load(buf, weights_only=True))
+    assert t.state_dict() == s.state_dict()
+    for overflow in [False, True, False, False]:
+        s.update(overflow)
+        t.update(overflow)
+        assert t.loss_scale == s.loss_scale
