@@ -63,8 +63,9 @@ class MemoryEfficientFP16Optimizer(PrecisionWrapper):
                 f"MemoryEfficientFP16Optimizer: {name} does not support memory-efficient fp16 "
                 "(supports_memory_efficient_fp16=False): it would step half-precision parameters with "
                 "half-precision arithmetic and state. Use FP16Optimizer (an fp32 master copy; shorthand: "
-                "memory_efficient=false), or an optimizer with the flag such as Lion (optcore-lion) or "
-                "Adafactor (optcore-adafactor); allow_unsupported=True accepts it anyway.",
+                "memory_efficient=false), or an optimizer with the flag such as Lion or Adafactor from "
+                "optcore-lion / optcore-adafactor (name them 'optcore-lion:Lion', 'optcore-adafactor:Adafactor': "
+                "other packages' classes of the same name come first); allow_unsupported=True accepts it anyway.",
                 problems=[("optimizer", f"{name} lacks supports_memory_efficient_fp16")],
                 target="MemoryEfficientFP16Optimizer",
             )
