@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
-import multiprocessing.connection
 import os
 import socket
 import sys
@@ -61,11 +60,18 @@ def _entry(rank: int, world_size: int, port: int, outdir: str, timeout: float, f
         )
         result = fn(rank, world_size, *args)
         torch.save(result, out / f"{rank}.pt")
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every rank is done with every collective
+        code = 0
     except BaseException:  # noqa: BLE001 - every failure is reported to the parent
         (out / f"{rank}.err").write_text(traceback.format_exc())
-        sys.stderr.flush()
-        os._exit(1)  # no atexit/destructors: a broken group must not block the exit
-    torch.distributed.destroy_process_group()
+        code = 1
+    # Skip interpreter teardown either way: a broken group must not block the exit,
+    # and gloo's threads can abort a normal one ("terminate called without an
+    # active exception", see pytorch/pytorch#179291).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_ranks(
@@ -84,28 +90,35 @@ def run_ranks(
             p.start()
         start = time.monotonic()
         deadline, first_failure = start + timeout, None
-        while any(p.is_alive() for p in procs):
+        # Poll exit codes: a process's sentinel can become readable before it has
+        # exited (or stay unreadable after), so it cannot be waited on reliably.
+        while any(p.exitcode is None for p in procs):
             now = time.monotonic()
             if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
                 first_failure = now
-            limit = deadline if first_failure is None else min(deadline, first_failure + grace)
-            if now >= limit:
+            if now >= (deadline if first_failure is None else min(deadline, first_failure + grace)):
                 break
-            multiprocessing.connection.wait([p.sentinel for p in procs if p.is_alive()], timeout=limit - now)
+            time.sleep(0.1)
         failures: dict[int, str] = {}
         for rank, p in enumerate(procs):
-            if p.is_alive():
+            if p.exitcode is None:
                 p.kill()
                 p.join(5)
                 why = "after another rank failed" if first_failure is not None else "at the deadline"
-                failures[rank] = f"hung: killed {time.monotonic() - start:.0f} s after start, {why} (timeout {timeout:.0f} s)"
+                elapsed = time.monotonic() - start
+                failures[rank] = f"hung: killed {elapsed:.0f} s after start, {why} (timeout {timeout:.0f} s)"
                 continue
             err = Path(outdir, f"{rank}.err")
             if err.exists():
                 failures[rank] = "raised:\n" + err.read_text()
             elif p.exitcode != 0:
-                crash = Path(outdir, f"{rank}.crash").read_text().strip()
-                failures[rank] = f"died with exit code {p.exitcode}" + (f":\n{crash}" if crash else " (killed, no traceback)")
+                crash_file = Path(outdir, f"{rank}.crash")
+                if not crash_file.exists():
+                    detail = " before it could start (see the captured stderr)"
+                else:
+                    crash = crash_file.read_text().strip()  # faulthandler's stack of a fatal signal
+                    detail = f":\n{crash}" if crash else " without a Python traceback (os._exit, or killed)"
+                failures[rank] = f"died with exit code {p.exitcode}{detail}"
         if failures:
             raise RanksFailed(failures)
         return [torch.load(Path(outdir, f"{rank}.pt"), weights_only=False) for rank in range(world_size)]

@@ -1,0 +1,11 @@
+"""optcore-adascale: AdaScale SGD (Johnson, Agrawal, Gu, Guestrin, ICML 2020).
+
+``pip install optcore-adascale`` makes ``{"type": "AdaScaleSGD", ...}`` resolve
+through the ``optcore.optimizers`` entry point.
+"""
+
+from ._config import AdaScaleSGDConfig
+from .adascale import AdaScaleSGD
+
+__all__ = ["AdaScaleSGD", "AdaScaleSGDConfig"]
+__version__ = "0.1.0"
