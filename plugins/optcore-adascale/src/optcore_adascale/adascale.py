@@ -28,6 +28,7 @@ passes (fairscale needs both), and one all-reduce of ``n_groups + 1`` numbers.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
@@ -56,6 +57,12 @@ def _squared_norm(t: Tensor) -> Tensor:
         flat = t.view(-1)
         return torch.dot(flat, flat)
     return torch.linalg.vector_norm(t, dtype=torch.float32).square()
+
+
+def _chunks(params: list[Tensor]) -> list[list[Tensor]]:
+    """One tensor at a time on CPU (cache-friendly, as torch's CPU default);
+    one multi-tensor batch on accelerators (fewer kernel launches)."""
+    return [[p] for p in params] if params[0].device.type == "cpu" else [params]
 
 
 def _is_sharded(t: Tensor) -> bool:
@@ -96,7 +103,7 @@ class AdaScaleSGD(Optimizer):
     (clipping, ``GradScaler.unscale_``) biases the variance estimate; pass a loss
     scale as ``step(scale=...)`` or let ``GradScaler.step`` hand it over instead.
     Gradients assigned by hand (no backward pass since the last step) leave the
-    estimates, and so the gain, unchanged.
+    estimates, and so the gain, unchanged (with a one-time warning).
     """
 
     config_schema: ClassVar[type[AdaScaleSGDConfig]] = AdaScaleSGDConfig
@@ -343,7 +350,7 @@ class AdaScaleSGD(Optimizer):
         directions: list[Tensor] = []
         if not params:
             return squares, params, directions, 1.0
-        for chunk in [[p] for p in params] if params[0].device.type == "cpu" else [params]:
+        for chunk in _chunks(params):
             grads = [p.grad for p in chunk]
             # d = scale * (grad / scale + weight_decay * param); each use of d divides by scale
             d = torch._foreach_add(grads, chunk, alpha=weight_decay * scale) if weight_decay else grads
@@ -373,6 +380,15 @@ class AdaScaleSGD(Optimizer):
         total = [torch.stack(sq).to(samples.device, _F64).sum() if sq else zero for sq in squares]
         values = torch.cat([samples, torch.stack(total)]).cpu()
         if values[n_groups] == 0:  # no backward pass on any rank since the last step
+            if not getattr(self, "_warned_unobserved", False) and bool(values[n_groups + 1 :].any()):
+                self._warned_unobserved = True
+                warnings.warn(
+                    "AdaScaleSGD stepped on gradients no backward pass produced through its parameters "
+                    "(assigned by hand, or copied in by a wrapper holding master copies), so it measured "
+                    f"nothing and keeps its gain ({self.gain():.3g}). Build it on the parameters autograd "
+                    "writes to; for fp16 use autocast with torch.amp.GradScaler.",
+                    stacklevel=4,
+                )
             return
         local_sqr, total_sqr = values[:n_groups] / scale**2, values[n_groups + 1 :] / scale**2
         c = self.num_gradients_to_accumulate
