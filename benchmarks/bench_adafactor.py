@@ -1,0 +1,144 @@
+"""Adafactor step time on CPU: optcore_adafactor.Adafactor against its peers.
+
+    python benchmarks/bench_adafactor.py                  # ~10M and ~100M parameters
+    python benchmarks/bench_adafactor.py --sizes 10M      # the quick one
+    python benchmarks/bench_adafactor.py --beta1 0.9      # with a first moment too
+    python benchmarks/bench_adafactor.py --device cuda    # on a GPU
+
+All implementations update the same transformer-shaped parameters (attention
+and MLP weights of d x d, 4d x d and d x 4d, plus bias and norm vectors) with
+the same gradients, in relative-step mode (the default everywhere it exists),
+interleaved in rounds in one process; each gets its best round. The lower
+bound is the memory traffic of a step, divided by the copy bandwidth measured
+in the same rounds (the best ``Tensor.copy_`` of a 256 MB tensor, bytes read +
+written): an fp32 Adafactor step must read p and g and write p, 12 bytes per
+parameter (20 with a first moment: read and write m too); the factored
+statistics are a few KB per matrix. Peers that are not installed are left out.
+
+Peers: transformers' Adafactor (the reference semantics), pytorch_optimizer's
+AdaFactor, timm.optim.Adafactor and torch.optim.Adafactor (its own semantics
+and defaults; no beta1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+Factory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+
+
+def transformer_shaped(n_params: float, d_model: int, device: str = "cpu") -> list[torch.Tensor]:
+    """Layers of q, k, v, out (d x d), fc1 (4d x d), fc2 (d x 4d) weights, their
+    biases and two LayerNorms, to about ``n_params``."""
+    d = d_model
+    layer = [(d, d)] * 4 + [(4 * d, d), (d, 4 * d)] + [(d,)] * 4 + [(4 * d,), (d,)] + [(d,)] * 4
+    per_layer = sum(torch.Size(s).numel() for s in layer)
+    gen = torch.Generator().manual_seed(0)
+    layers = max(1, round(n_params / per_layer))
+    return [torch.randn(s, generator=gen).to(device) for _ in range(layers) for s in layer]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str = "cpu", numel: int = 1 << 26, reps: int = 5) -> float:
+    """Best bytes per second of ``dst.copy_(src)``, counting the read and the write."""
+    src, dst = torch.randn(numel, device=device), torch.empty(numel, device=device)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(reps):
+        _sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * 4 * numel / best
+
+
+def implementations(beta1: float | None) -> dict[str, Factory]:
+    """name -> factory for ours and every installed peer."""
+    from optcore_adafactor import Adafactor
+
+    impls: dict[str, Factory] = {"optcore_adafactor.Adafactor": lambda ps: Adafactor(ps, beta1=beta1)}
+    peers: dict[str, tuple[str, str, dict]] = {
+        "transformers Adafactor": ("transformers.optimization", "Adafactor", {"beta1": beta1}),
+        "pytorch_optimizer.AdaFactor": ("pytorch_optimizer", "AdaFactor", {"lr": None, "betas": (beta1, 0.999)}),
+        "timm.optim.Adafactor": ("timm.optim", "Adafactor", {"lr": None, "beta1": beta1}),
+    }
+    if beta1 is None:
+        peers["torch.optim.Adafactor"] = ("torch.optim", "Adafactor", {})
+    for name, (module, attr, kwargs) in peers.items():
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except Exception as exc:  # noqa: BLE001 - a missing or broken peer is only reported
+            print(f"skipping {name}: {type(exc).__name__}: {exc}")
+            continue
+        impls[name] = lambda ps, cls=cls, kw=kwargs: cls(ps, **kw)
+    return impls
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+
+
+def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float | None, device: str) -> None:
+    params = transformer_shaped(n_params, d_model, device)
+    gen = torch.Generator().manual_seed(1)
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=gen) * 1e-2).to(device)
+    n = sum(p.numel() for p in params)
+    opts = {name: make(params) for name, make in implementations(beta1).items()}
+    best = {name: float("inf") for name in opts}
+    bandwidth = 0.0
+    for _ in range(rounds):
+        bandwidth = max(bandwidth, copy_bandwidth(device))
+        for name, opt in opts.items():
+            opt.step()  # warm-up (state creation, scratch buffers)
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                opt.step()
+            _sync(device)
+            best[name] = min(best[name], (time.perf_counter() - start) / steps * 1e3)
+    bytes_per_param = 4 * (3 if beta1 is None else 5)
+    bound = bytes_per_param * n / bandwidth * 1e3
+    hf = best.get("transformers Adafactor", float("nan"))
+    where = f"{torch.get_num_threads()} threads" if device == "cpu" else torch.cuda.get_device_name(device)
+    print(f"\n### {n / 1e6:.1f}M parameters (d_model {d_model}, {len(params)} tensors), beta1={beta1}, "
+          f"{where}, copy bandwidth {bandwidth / 1e9:.1f} GB/s, "
+          f"bound {bound:.1f} ms/step\n")
+    print("| implementation | ms/step | x bound | x HF | state MB |")
+    print("|---|---:|---:|---:|---:|")
+    for name in sorted(opts, key=best.__getitem__):
+        print(f"| {name} | {best[name]:.1f} | {best[name] / bound:.2f} | {best[name] / hf:.2f} | "
+              f"{state_bytes(opts[name]) / 1e6:.2f} |")
+    del opts
+    gc.collect()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10M,100M", help="comma-separated from 10M, 100M")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--beta1", type=float, default=None, help="first-moment coefficient (default: none)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: cores)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    configs = {"10M": (10e6, 512, 5), "100M": (100e6, 1024, 2)}  # size -> (params, d_model, steps per round)
+    for size in args.sizes.split(","):
+        n_params, d_model, steps = configs[size.strip()]
+        bench(n_params, d_model, args.rounds, steps, args.beta1, args.device)
+
+
+if __name__ == "__main__":
+    main()

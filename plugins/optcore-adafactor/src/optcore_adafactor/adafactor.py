@@ -1,0 +1,294 @@
+"""Adafactor: Adaptive Learning Rates with Sublinear Memory Cost.
+
+Shazeer & Stern (2018), https://arxiv.org/abs/1804.04235, Algorithms 4 and 5,
+with the choices of fairseq and Hugging Face (``transformers.optimization.
+Adafactor``): row/column *means*, ``eps`` added to the squared gradient,
+clipping before the optional first moment, decoupled weight decay scaled by the
+step size. One difference on purpose: the computed step size is kept in the
+parameter's state, never written back into ``group["lr"]`` (fairseq does, which
+compounds with LR schedulers).
+
+For a weight X of shape (n, m) with gradient G, at step t (per parameter):
+
+    rho_t   = min(1e-2, 1/sqrt(t))        (min(1e-6 t, 1/sqrt(t)) with warmup_init;
+                                           the group's lr when relative_step=False)
+    alpha_t = max(eps2, RMS(X_{t-1})) rho_t   (rho_t when scale_parameter=False)
+    beta2t  = 1 - t^decay_rate
+    R_t = beta2t R + (1 - beta2t) mean_j (G² + eps1)          # n numbers
+    C_t = beta2t C + (1 - beta2t) mean_i (G² + eps1)          # m numbers
+    U   = G / sqrt(R_t C_t / mean(R_t))                       # vectors: V_t instead
+    Û   = U / max(1, RMS(U) / clip_threshold)
+    M_t = beta1 M + (1 - beta1) alpha_t Û                     # only with beta1
+    X_t = X - weight_decay alpha_t X - (M_t or alpha_t Û)
+
+State per n x m weight: n + m numbers (plus n*m for M with beta1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from optcore import ConfigError, Optimizer, validate_hparams
+
+from ._config import AdafactorConfig
+from ._kernels import Workspace, apply_factored_, apply_full_, factored_second_moment_, full_second_moment_
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def relative_step_size(step: int, warmup_init: bool) -> float:
+    """rho_t of the paper: min(1e-2, 1/sqrt(t)), or min(1e-6 t, 1/sqrt(t)) with warm-up."""
+    return min(1e-6 * step if warmup_init else 1e-2, 1.0 / math.sqrt(step))
+
+
+def _rms(x: Tensor) -> float:
+    """Root mean square, accumulated in at least fp32 (``dot`` is the fastest
+    reduction over a contiguous fp32 tensor on CPU)."""
+    if x.dtype in _LOW_PRECISION or not x.is_contiguous():
+        return float(torch.linalg.vector_norm(x, dtype=torch.float32)) / math.sqrt(x.numel())
+    flat = x.view(-1)
+    return math.sqrt(float(torch.dot(flat, flat)) / x.numel())
+
+
+class Adafactor(Optimizer):
+    """Adafactor with fairseq / Hugging Face semantics and sublinear memory.
+
+    Args:
+        params: parameters or param-group dicts.
+        lr: external learning rate; only with ``relative_step=False``.
+        eps: ``(eps1, eps2)``: regulariser of the squared gradient, least parameter scale.
+        clip_threshold: the update's RMS is capped at this value.
+        decay_rate: ``c`` in ``beta2_t = 1 - t^c``.
+        beta1: first-moment coefficient, or None for no first moment.
+        weight_decay: decoupled weight decay, scaled by the step size.
+        scale_parameter: multiply the step size by ``max(eps2, RMS(param))``.
+        relative_step: compute the step size from the step count instead of ``lr``.
+        warmup_init: warm the relative step size up linearly.
+
+    An external LR scheduler needs ``relative_step=False, scale_parameter=False``
+    and an ``lr``. In relative-step mode ``group["lr"]`` stays ``None``, and
+    :meth:`get_lr` reports the step size last applied to the first parameter.
+    """
+
+    config_schema: ClassVar[type[AdafactorConfig]] = AdafactorConfig
+    supports_memory_efficient_fp16: ClassVar[bool] = True
+    supports_step_with_scale: bool = True
+    supports_flat_params: ClassVar[bool] = False
+    supports_groups: ClassVar[bool] = True
+    #: What a wrapper that flattens parameters should tell the user.
+    flat_params_unsupported_reason: ClassVar[str] = (
+        "Adafactor factors the second moment of each weight matrix into row and column "
+        "statistics, so it needs every parameter in its own shape; flattened, it would fall back "
+        "to a full (Adam-sized) second moment with different step sizes. Per-tensor fp32 copies "
+        "work, and so does memory_efficient=True (fp16/bf16 parameters stepped in place with fp32 "
+        "math and fp32 state)."
+    )
+    #: torch.amp.GradScaler hands over grad_scale/found_inf instead of unscaling.
+    _step_supports_amp_scaling: ClassVar[bool] = True
+    #: For optcore.testing: the shared checks include set_lr and LR schedulers,
+    #: which need the manual-lr mode (relative-step mode is checked by the plugin's tests).
+    conformance_inputs: ClassVar[dict[str, Any]] = {
+        "config": {"lr": 1e-2, "relative_step": False, "scale_parameter": False}
+    }
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float | None = None,
+        eps: tuple[float, float] = (1e-30, 1e-3),
+        clip_threshold: float = 1.0,
+        decay_rate: float = -0.8,
+        beta1: float | None = None,
+        weight_decay: float = 0.0,
+        scale_parameter: bool = True,
+        relative_step: bool = True,
+        warmup_init: bool = False,
+    ) -> None:
+        defaults = validate_hparams(
+            self.config_schema,
+            dict(
+                lr=lr,
+                eps=eps,
+                clip_threshold=clip_threshold,
+                decay_rate=decay_rate,
+                beta1=beta1,
+                weight_decay=weight_decay,
+                scale_parameter=scale_parameter,
+                relative_step=relative_step,
+                warmup_init=warmup_init,
+            ),
+            "Adafactor",
+        )
+        self._workspace = Workspace()
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group, validating its own hyper-parameters like the defaults."""
+        fields = {k: param_group.get(k, self.defaults[k]) for k in self.config_schema.model_fields}
+        param_group.update(validate_hparams(self.config_schema, fields, "Adafactor"))
+        super().add_param_group(param_group)
+
+    # ------------------------------------------------------------ learning rate
+    def get_lr(self) -> float:
+        """The first group's ``lr``; in relative-step mode the step size last
+        applied to its first parameter (``rho_t`` of step 1 before any step),
+        divided by the group's ``lr_scale`` like the base learning rate."""
+        group = self.param_groups[0]
+        if not group["relative_step"]:
+            return super().get_lr()
+        for p in group["params"]:
+            if "step_size" in self.state.get(p, {}):
+                return float(self.state[p]["step_size"]) / (float(group.get("lr_scale", 1.0)) or 1.0)
+        return relative_step_size(1, group["warmup_init"])
+
+    def set_lr(self, lr: float | Sequence[float]) -> None:
+        """Set the external learning rate (manual-lr mode only: in relative-step
+        mode there is nothing to set, and silently ignoring it would hide a bug)."""
+        if any(g["relative_step"] for g in self.param_groups):
+            raise ConfigError(
+                "Adafactor computes its own step size (relative_step=True), so set_lr would be "
+                "ignored. To drive it with an LR scheduler, build it with relative_step=False, "
+                "scale_parameter=False and an lr.",
+                problems=[("relative_step", "must be False to set the learning rate")],
+                target="Adafactor",
+            )
+        super().set_lr(lr)
+
+    @property
+    def optimizer_config(self) -> dict[str, Any]:
+        config = super().optimizer_config
+        if self.param_groups and self.param_groups[0]["relative_step"]:
+            config["lr"] = None  # the computed step size is not a hyper-parameter
+        return config
+
+    # --------------------------------------------------------------------- step
+    @torch.no_grad()
+    def step(  # type: ignore[override]
+        self,
+        closure: Callable[[], float] | None = None,
+        scale: float = 1.0,
+        groups: Any = None,
+    ) -> float | None:
+        """One Adafactor update of the selected groups, with gradients divided by ``scale``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        found_inf = getattr(self, "found_inf", None)  # set by torch.amp.GradScaler
+        if found_inf is not None and bool(found_inf):
+            return loss
+        grad_scale = getattr(self, "grad_scale", None)
+        scale = float(scale) * (float(grad_scale) if grad_scale is not None else 1.0)
+        if not (math.isfinite(scale) and scale > 0):
+            raise ConfigError(f"step(scale={scale}) must be a finite positive number (the loss scale).")
+        work = [(g, p) for g in self._select_groups(groups) for p in g["params"] if p.grad is not None]
+        for group, p in work:  # check everything first: an error leaves nothing half-updated
+            self._check(group, p)
+        for group, p in work:
+            self._init_state(group, p)
+        for group, p in work:
+            self._update(group, p, 1.0 / scale)
+        return loss
+
+    @staticmethod
+    def _state_shapes(group: dict[str, Any], p: Tensor) -> dict[str, torch.Size]:
+        """Factored statistics for two or more dims, the full second moment
+        otherwise, and the first moment only with beta1."""
+        if p.dim() >= 2:
+            shapes = {"exp_avg_sq_row": p.shape[:-1], "exp_avg_sq_col": p.shape[:-2] + p.shape[-1:]}
+        else:
+            shapes = {"exp_avg_sq": p.shape}
+        if group["beta1"] is not None:
+            shapes["exp_avg"] = p.shape
+        return shapes
+
+    def _check(self, group: dict[str, Any], p: Tensor) -> None:
+        """Reject what Adafactor cannot step, saying what to do instead."""
+        if p.grad.is_sparse:
+            raise RuntimeError(
+                "Adafactor does not support sparse gradients; use torch.optim.SparseAdam for "
+                "sparse embeddings (e.g. in its own param group), or dense gradients."
+            )
+        if p.is_complex() or not p.is_floating_point():
+            raise RuntimeError(
+                f"Adafactor needs real floating-point parameters, got {p.dtype} of shape "
+                f"{tuple(p.shape)}; view a complex parameter as real (torch.view_as_real) first."
+            )
+        state = self.state.get(p, {})
+        for key, shape in self._state_shapes(group, p).items():
+            if key in state and state[key].shape != shape:
+                raise RuntimeError(
+                    f"Adafactor state {key!r} has shape {tuple(state[key].shape)}, expected "
+                    f"{tuple(shape)} for a parameter of shape {tuple(p.shape)}: the loaded "
+                    "state_dict belongs to another model or parameter order."
+                )
+
+    def _init_state(self, group: dict[str, Any], p: Tensor) -> None:
+        """Create missing state (zeros, fp32 for fp16/bf16 params) and move
+        loaded state to the parameter's device."""
+        state = self.state[p]
+        state.setdefault("step", 0)
+        like = dict(device=p.device, dtype=torch.float32 if p.dtype in _LOW_PRECISION else p.dtype)
+        for key, shape in self._state_shapes(group, p).items():
+            state[key] = state[key].to(**like) if key in state else torch.zeros(shape, **like)
+
+    def _update(self, group: dict[str, Any], p: Tensor, inv_scale: float) -> None:
+        """One step of Algorithm 4 (matrices) or 5 (vectors) for parameter ``p``."""
+        state = self.state[p]
+        state["step"] += 1
+        t = state["step"]
+        beta2t = 1.0 - math.pow(t, group["decay_rate"])
+        eps1, eps2 = group["eps"]
+        beta1 = group["beta1"]
+        exp_avg = state["exp_avg"] if beta1 is not None else None
+        # Second moment, and the direction U = G / sqrt(V) with its RMS.
+        if p.dim() >= 2:
+            r, c, rms_u = factored_second_moment_(
+                p.grad, state["exp_avg_sq_row"], state["exp_avg_sq_col"],
+                beta2t=beta2t, eps1=eps1, inv_scale=inv_scale, workspace=self._workspace,
+            )
+        else:
+            u, rms_u = full_second_moment_(p.grad, state["exp_avg_sq"], beta2t=beta2t, eps1=eps1, inv_scale=inv_scale)
+        # Step size: relative (rho_t) or the group's lr, times the parameter scale.
+        if group["relative_step"]:  # the core's layer-wise lr_scale applies to rho_t
+            rho = relative_step_size(t, group["warmup_init"]) * float(group.get("lr_scale", 1.0))
+        else:
+            rho = float(group["lr"])
+        step_size = max(eps2, _rms(p)) * rho if group["scale_parameter"] else rho
+        state["step_size"] = step_size
+        # Update clipping: U / max(1, RMS(U) / d); 1/scale is folded in here too.
+        lr = step_size / max(1.0, rms_u / group["clip_threshold"]) * inv_scale
+        decay = group["weight_decay"] * step_size
+        if p.dim() >= 2:
+            apply_factored_(p, p.grad, r, c, exp_avg, lr=lr, beta1=beta1, decay=decay, workspace=self._workspace)
+        else:
+            apply_full_(p, u, exp_avg, lr=lr, beta1=beta1, decay=decay)
+
+    # --------------------------------------------------------------- checkpoint
+    def load_state_dict(  # type: ignore[override]
+        self,
+        state_dict: Mapping[str, Any],
+        optimizer_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Load a state dict, with ``optimizer_overrides`` validated like a config
+        first; the state of fp16/bf16 parameters stays fp32 (torch casts floating
+        state to the parameter's dtype on load, which would flush small
+        second-moment statistics to zero in fp16)."""
+        if optimizer_overrides:
+            for saved in state_dict["param_groups"]:
+                merged = {**self.defaults, **saved, **optimizer_overrides}
+                validate_hparams(self.config_schema, {k: merged[k] for k in self.config_schema.model_fields}, "Adafactor")
+        super().load_state_dict(state_dict, optimizer_overrides)
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for pid, p in zip(saved_ids, params):
+            if p.dtype not in _LOW_PRECISION:
+                continue
+            for key, value in state_dict["state"].get(pid, {}).items():
+                if isinstance(value, Tensor) and value.is_floating_point():
+                    self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
