@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -83,16 +84,138 @@ def _allowed() -> set[str] | None:
     return {normalize(part) for part in raw.split(",") if part.strip()}
 
 
-def _raw_entry_points(group: str) -> tuple[Any, ...]:
-    # The standard library's module is already imported by torch; measured here it
-    # scans faster than the importlib-metadata backport (6 ms vs 10 ms + 3 ms import).
+@dataclass(frozen=True)
+class _RawEntry:
+    name: str
+    value: str
+    group: str
+    dist: Any  # SimpleNamespace(name, version) or a metadata Distribution
+
+    def load(self) -> Any:
+        from importlib.metadata import EntryPoint
+
+        return EntryPoint(self.name, self.value, self.group).load()
+
+
+def _metadata_header(info_dir: str) -> tuple[str | None, str | None]:
+    """Name and Version from a .dist-info/METADATA or .egg-info/PKG-INFO header."""
+    name = version = None
+    for fname in ("METADATA", "PKG-INFO"):
+        try:
+            with open(os.path.join(info_dir, fname), encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if not line.strip():
+                        break  # end of the header
+                    key, _, value = line.partition(":")
+                    if key == "Name":
+                        name = value.strip()
+                    elif key == "Version":
+                        version = value.strip()
+                    if name and version:
+                        break
+            return name, version
+        except OSError:
+            continue
+    return name, version
+
+
+def _parse_entry_points(text: str) -> dict[str, list[tuple[str, str]]]:
+    groups: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = groups.setdefault(line[1:-1].strip(), [])
+        elif current is not None and "=" in line:
+            name, _, value = line.partition("=")
+            current.append((name.strip(), value.strip()))
+    return groups
+
+
+@functools.lru_cache(maxsize=4)
+def _scan(path: tuple[str, ...]) -> dict[str, tuple[_RawEntry, ...]]:
+    """Every ``optcore.*`` entry point of the distributions on ``path``.
+
+    ``importlib.metadata.entry_points()`` builds a Distribution and parses the
+    entry points of every installed package (6 ms for ~90 here, more with more
+    packages); this reads each ``entry_points.txt`` as text and parses only the
+    files that mention an ``optcore.`` group, which is what makes the first
+    look-up in a process cheap. Path entries that are not directories (zipped
+    eggs) go through ``importlib.metadata`` as before. As there, the first
+    distribution of a name on ``sys.path`` wins.
+    """
+    found: dict[str, list[_RawEntry]] = {}
+    seen: set[str] = set()
+    for entry in path:
+        if not os.path.isdir(entry or "."):
+            _scan_with_metadata(entry, found, seen)
+            continue
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for fname in names:
+            if not fname.endswith((".dist-info", ".egg-info")):
+                continue
+            info_dir = os.path.join(entry, fname)
+            try:
+                with open(os.path.join(info_dir, "entry_points.txt"), encoding="utf-8") as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            if "[optcore." not in text:
+                continue
+            # "{name}-{version}.dist-info" (name normalised with "_"): the
+            # canonical project name and version, without opening METADATA.
+            stem = fname.rsplit(".", 1)[0]
+            dist_name, _, rest = stem.partition("-")
+            version = rest.split("-")[0] or None
+            if not dist_name or not version:
+                dist_name, version = _metadata_header(info_dir)
+                dist_name = dist_name or stem
+            dist_name = dist_name.replace("_", "-").replace(".", "-").lower()
+            key = normalize(dist_name)
+            if key in seen:
+                continue
+            seen.add(key)
+            dist = _Dist(dist_name, version)
+            for group, items in _parse_entry_points(text).items():
+                if group.startswith("optcore."):
+                    found.setdefault(group, []).extend(_RawEntry(n, v, group, dist) for n, v in items)
+    return {group: tuple(items) for group, items in found.items()}
+
+
+@dataclass(frozen=True)
+class _Dist:
+    name: str
+    version: str | None
+
+
+def _scan_with_metadata(entry: str, found: dict[str, list[_RawEntry]], seen: set[str]) -> None:
     from importlib import metadata
 
-    return tuple(metadata.entry_points(group=group))
+    for dist in metadata.distributions(path=[entry]):
+        key = normalize(dist.metadata["Name"] or "")
+        if key in seen:
+            continue
+        seen.add(key)
+        for ep in dist.entry_points:
+            if ep.group.startswith("optcore."):
+                found.setdefault(ep.group, []).append(
+                    _RawEntry(ep.name, ep.value, ep.group, _Dist(dist.metadata["Name"], dist.version))
+                )
+
+
+def _raw_entry_points(group: str) -> tuple[Any, ...]:
+    return _scan(tuple(sys.path)).get(group, ())
 
 
 @functools.lru_cache(maxsize=None)
-def _discover(group: str, disabled: bool, allowed: frozenset[str] | None) -> tuple[PluginEntry, ...]:
+def _discover(
+    group: str, disabled: bool, allowed: frozenset[str] | None, path: tuple[str, ...] = ()
+) -> tuple[PluginEntry, ...]:
     if disabled:
         return ()
     entries: list[PluginEntry] = []
@@ -112,14 +235,16 @@ def _discover(group: str, disabled: bool, allowed: frozenset[str] | None) -> tup
 
 
 def entry_points(group: str) -> tuple[PluginEntry, ...]:
-    """The entry points of ``group`` (cached; honours the environment switches)."""
+    """The entry points of ``group`` (cached per ``sys.path``; honours the
+    environment switches)."""
     allowed = _allowed()
-    return _discover(group, autoload_disabled(), frozenset(allowed) if allowed is not None else None)
+    return _discover(group, autoload_disabled(), frozenset(allowed) if allowed is not None else None, tuple(sys.path))
 
 
 def refresh() -> None:
     """Forget cached metadata (after installing a plugin in a running process)."""
     _discover.cache_clear()
+    _scan.cache_clear()
     from . import _hooks
 
     _hooks.reset_plugin_manager()
