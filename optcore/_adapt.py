@@ -89,6 +89,13 @@ def adapt(
             else groups,
             "supports_memory_efficient_fp16": getattr(cls, "supports_memory_efficient_fp16", memory_efficient_fp16),
             "_passes_closure": is_torch and cls.__name__ in PASSES_CLOSURE,
+            "flat_params_unsupported_reason": getattr(cls, "flat_params_unsupported_reason", "")
+            or (
+                ""
+                if (pointwise if flat_params is None else flat_params)
+                else f"{cls.__name__}'s update is not known to be pointwise (it may use each parameter's "
+                "shape, as factored or orthogonalised updates do), so it must see the parameters one by one"
+            ),
             "adapted_from": cls,
         }
         # A member the class already defines for its own use (pytorch_optimizer's

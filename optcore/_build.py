@@ -162,8 +162,15 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
 
     devices = set(_get_fused_kernels_supported_devices())
     floating = (torch.float16, torch.float32, torch.float64, torch.bfloat16)
+    # Only plain tensors: DTensor (FSDP2) has no sharding rule for the fused
+    # kernels (`aten._fused_sgd_.default`), so sharded params keep torch's default.
     return bool(params) and all(
-        p.device.type in devices and p.dtype in floating and not p.is_sparse and not torch.is_complex(p) for p in params
+        type(p) in (torch.Tensor, torch.nn.Parameter)
+        and p.device.type in devices
+        and p.dtype in floating
+        and not p.is_sparse
+        and not torch.is_complex(p)
+        for p in params
     )
 
 
@@ -209,7 +216,16 @@ def _build_wrapper(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: An
             f"{{'type': '{spec.name}', 'optimizer': {{'type': 'AdamW', 'lr': 3e-4}}}}.",
             problems=[("optimizer", "missing")],
         )
-    inner_cfg = cfg.pop("optimizer")
+    inner_cfg = optimizer_config(cfg.pop("optimizer"))
+    # Keys about the parameters belong to the inner optimizer's build.
+    for key in ("param_groups", "no_decay", "optim_args"):
+        if key in cfg:
+            if key in inner_cfg:
+                raise ConfigError(
+                    f"{key!r} is given both on {spec.name} and on its inner optimizer; keep one.",
+                    problems=[(key, "given twice")],
+                )
+            inner_cfg[key] = cfg.pop(key)
     kwargs = validate_hparams(spec.schema, cfg, spec.name)
     inner = build_optimizer(inner_cfg, params_or_model)
     try:

@@ -52,6 +52,8 @@ class ContractMixin:
     supports_flat_params: ClassVar[bool] = False
     #: ``step(groups=...)`` steps only the selected groups.
     supports_groups: ClassVar[bool] = True
+    #: Why a flat parameter does not work, for wrappers to show (empty when it does).
+    flat_params_unsupported_reason: ClassVar[str] = ""
 
     param_groups: list[dict[str, Any]]
     defaults: dict[str, Any]
@@ -134,7 +136,8 @@ class ContractMixin:
         if not grads:
             return torch.zeros(())
         norms = [
-            torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group, 2.0)).float(), 2.0)
+            # fp32 accumulation: an fp16 grad whose norm exceeds 65504 is not an overflow
+            torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group, 2.0, dtype=torch.float32)), 2.0)
             for group in _by_device_and_dtype(grads).values()
         ]
         first = norms[0].device

@@ -106,6 +106,22 @@ def _field_names(schema: type[BaseModel]) -> list[str]:
     return names
 
 
+def _fields_at(schema: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """The field names of the (nested) model at ``path``, for suggestions."""
+    import typing
+
+    model: Any = schema
+    for part in path:
+        info = getattr(model, "model_fields", {}).get(part)
+        if info is None:
+            return []
+        candidates = [info.annotation, *typing.get_args(info.annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return []
+    return _field_names(model)
+
+
 def validate_hparams(schema: type[BaseModel], values: Mapping[str, Any], target: str) -> dict[str, Any]:
     """Validate ``values`` against ``schema`` and return the keyword arguments
     to build ``target`` with, or raise one :class:`ConfigError` naming every bad
@@ -118,7 +134,8 @@ def validate_hparams(schema: type[BaseModel], values: Mapping[str, Any], target:
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "<config>"
             if err["type"] == "extra_forbidden":
-                close = difflib.get_close_matches(str(err["loc"][0]), accepted, n=3, cutoff=0.5)
+                nested = _fields_at(schema, err["loc"][:-1])
+                close = difflib.get_close_matches(str(err["loc"][-1]), nested, n=3, cutoff=0.5)
                 msg = "unknown field" + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
             else:
                 msg = f"{err['msg']} (got {err.get('input')!r})"
@@ -146,7 +163,9 @@ def _annotation_for(default: Any, annotation: Any) -> Any:
     return Annotated[Any, Literalish]
 
 
-def schema_from_signature(target: Any, name: str | None = None, skip: tuple[str, ...] = ("params",)) -> type[HParams]:
+def schema_from_signature(
+    target: Any, name: str | None = None, skip: tuple[str, ...] = ("params",), drop_first: bool | None = None
+) -> type[HParams]:
     """Derive a schema from ``target.__init__``'s signature: one field per
     keyword parameter, typed by its annotation (or the type of its default),
     required where there is no default. ``**kwargs`` is not accepted
@@ -155,8 +174,10 @@ def schema_from_signature(target: Any, name: str | None = None, skip: tuple[str,
     sig = inspect.signature(init)
     try:
         hints = get_type_hints(init, include_extras=True)
-    except Exception:  # unresolvable forward references: fall back to defaults
+    except Exception:  # unresolvable forward references: judge each field by its default
         hints = {}
+    if drop_first is None:
+        drop_first = "params" in skip  # optimizers: the first argument is the params, whatever its name
     fields: dict[str, Any] = {}
     params = list(sig.parameters.values())
     if isinstance(target, type) and params and params[0].name == "self":
@@ -164,9 +185,11 @@ def schema_from_signature(target: Any, name: str | None = None, skip: tuple[str,
     for i, param in enumerate(params):
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
-        if param.name in skip or (i == 0 and param.default is inspect.Parameter.empty):
+        if param.name in skip or (drop_first and i == 0 and param.default is inspect.Parameter.empty):
             continue  # the params argument itself
         annotation = hints.get(param.name, param.annotation)
+        if isinstance(annotation, str):  # an unresolved string annotation says nothing pydantic can use
+            annotation = inspect.Parameter.empty
         typ = _annotation_for(param.default, annotation)
         if param.default is inspect.Parameter.empty:
             fields[param.name] = (typ, ...)
@@ -174,7 +197,9 @@ def schema_from_signature(target: Any, name: str | None = None, skip: tuple[str,
             fields[param.name] = (typ, param.default)
     model_name = f"{name or getattr(target, '__name__', 'Optimizer')}Config"
     try:
-        return create_model(model_name, __base__=HParams, **fields)
+        model = create_model(model_name, __base__=HParams, **fields)
+        model.model_json_schema()  # Callable and other non-JSON types fail here, not in `optcore schema`
+        return model
     except Exception:  # an annotation pydantic cannot handle: accept any value, keep the names
         loose = {k: (Annotated[Any, Literalish], v[1]) for k, v in fields.items()}
         return create_model(model_name, __base__=HParams, **loose)

@@ -283,15 +283,6 @@ def _fsdp_worker(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]])
         _fsdp_check(name, rank, world, extra)
 
 
-FSDP_XFAIL_SGD = (
-    "optcore picks torch's fused SGD for CPU params, and aten._fused_sgd_ has no DTensor sharding "
-    "strategy (NotImplementedError); the core should not choose fused for DTensor params"
-)
-FSDP_XFAIL_LION = (
-    "optcore-lion's default one-pass CPU kernel reads DTensor storage directly and segfaults "
-    "(fused=False alone mixes Tensor and DTensor; foreach=True works)"
-)
-
 
 @pytest.mark.parametrize(
     "cases",
@@ -300,10 +291,9 @@ FSDP_XFAIL_LION = (
             [("AdamW", {}), ("SGD", {"foreach": True}), ("Lion", {"fused": False, "foreach": True})],
             id="AdamW+SGD-foreach+Lion-foreach",
         ),
-        pytest.param(
-            [("SGD", {})], id="SGD-default", marks=pytest.mark.xfail(reason=FSDP_XFAIL_SGD, raises=RanksFailed)
-        ),
-        pytest.param([("Lion", {})], id="Lion", marks=pytest.mark.xfail(reason=FSDP_XFAIL_LION, raises=RanksFailed)),
+        # Defaults: optcore must not pick fused SGD for DTensor params, and Lion routes them to foreach.
+        pytest.param([("SGD", {}), ("AdamW", {})], id="SGD+AdamW-default"),
+        pytest.param([("Lion", {})], id="Lion-default"),
     ],
 )
 def test_fsdp2_pointwise_optimizers_step_dtensor_params(cases: list[tuple[str, dict[str, Any]]]) -> None:

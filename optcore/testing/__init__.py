@@ -144,7 +144,7 @@ def _train(opt: Any, model: nn.Module, steps: int, inputs: ConformanceInputs, se
         def closure() -> torch.Tensor:
             opt.zero_grad()
             loss = _loss(model, batch)
-            loss.backward()
+            opt.backward(loss)
             return loss
 
         if inputs.needs_closure:
@@ -184,20 +184,29 @@ def check_contract(config: dict[str, Any], inputs: ConformanceInputs) -> None:
 
 
 def check_grad_ops(config: dict[str, Any], inputs: ConformanceInputs) -> None:
-    """multiply_grads scales every grad; clip_grad_norm returns the true total norm."""
+    """multiply_grads scales the gradients; clip_grad_norm returns the true total
+    norm and clips to max_norm. Judged through clip_grad_norm(0) (which only
+    measures), so wrappers that keep a pending factor (loss scaling) are held to
+    the same contract; plain optimizers are also checked on ``p.grad``."""
+    twin = _model(inputs)
+    _loss(twin, _data()).backward()
+    true_grads = [p.grad for p in twin.parameters()]
+    expected = torch.linalg.vector_norm(torch.stack([g.norm() for g in true_grads]))
     model = _model(inputs)
     opt = _build(config, model)
-    _loss(model, _data()).backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    expected = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+    opt.backward(_loss(model, _data()))
+    plain = not getattr(opt, "wraps_optimizer", False)
     norm = opt.clip_grad_norm(0.0)
-    assert torch.allclose(norm.float(), expected, rtol=1e-5), f"clip_grad_norm(0) = {norm}, true norm {expected}"
+    assert torch.allclose(norm.float(), expected, rtol=1e-4), f"clip_grad_norm(0) = {norm}, true norm {expected}"
     opt.multiply_grads(2.0)
-    for g, p in zip(grads, model.parameters()):
-        assert torch.allclose(p.grad, 2 * g), "multiply_grads(2) did not double the gradients"
+    doubled = opt.clip_grad_norm(0.0)
+    assert torch.allclose(doubled.float(), 2 * expected, rtol=1e-4), "multiply_grads(2) did not double the gradients"
+    if plain:
+        for g, p in zip(true_grads, model.parameters()):
+            assert torch.allclose(p.grad, 2 * g, rtol=1e-5, atol=1e-7), "multiply_grads(2) did not double p.grad"
     total = opt.clip_grad_norm(0.1 * float(expected))
-    assert torch.allclose(total.float(), 2 * expected, rtol=1e-5), "clip_grad_norm must return the norm before clipping"
-    after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    assert torch.allclose(total.float(), 2 * expected, rtol=1e-4), "clip_grad_norm must return the norm before clipping"
+    after = opt.clip_grad_norm(0.0)
     assert after <= 0.1 * float(expected) * 1.001, f"after clipping the norm is {after}, above max_norm"
 
 
@@ -227,7 +236,7 @@ def check_step_with_scale(config: dict[str, Any], inputs: ConformanceInputs) -> 
     for i in range(3):
         for model, opt, s in ((model_a, opt_a, 1.0), (model_b, opt_b, 64.0)):
             opt.zero_grad()
-            (_loss(model, _data(i)) * s).backward()
+            opt.backward(_loss(model, _data(i)) * s)
             opt.step(scale=s) if s != 1.0 else opt.step()
     _assert_same(_params(model_a), _params(model_b), max(inputs.atol, 1e-5), "step(scale=64) on scaled grads")
 
@@ -241,14 +250,14 @@ def check_closure(config: dict[str, Any], inputs: ConformanceInputs) -> None:
     def closure() -> torch.Tensor:
         opt_a.zero_grad()
         loss = _loss(model_a, batch)
-        loss.backward()
+        opt_a.backward(loss)
         return loss
 
     loss = opt_a.step(closure)
     assert loss is not None and torch.isfinite(torch.as_tensor(loss)), "step(closure) must return the loss"
     if not inputs.needs_closure:
         opt_b.zero_grad()
-        _loss(model_b, batch).backward()
+        opt_b.backward(_loss(model_b, batch))
         opt_b.step()
         _assert_same(_params(model_a), _params(model_b), inputs.atol, "step(closure) vs step()")
 
@@ -267,12 +276,12 @@ def check_groups(config: dict[str, Any], inputs: ConformanceInputs) -> None:
     opt_all = _build(cfg, model_all)
     for m, o in ((model, opt), (model_all, opt_all)):  # a first full step (ADOPT only initialises on it)
         o.zero_grad()
-        _loss(m, _data(0)).backward()
+        o.backward(_loss(m, _data(0)))
         o.step()
     before = _params(model)
     for m, o, kwargs in ((model, opt, {"groups": ["head"]}), (model_all, opt_all, {})):
         o.zero_grad()
-        _loss(m, _data(1)).backward()
+        o.backward(_loss(m, _data(1)))
         o.step(**kwargs)
     for p, p_all, p0 in zip(model.parameters(), model_all.parameters(), before):
         if id(p) in head_ids:
@@ -289,7 +298,7 @@ def check_none_grads(config: dict[str, Any], inputs: ConformanceInputs) -> None:
     for _ in range(2):
         opt.zero_grad(set_to_none=True)
         loss = _loss(model, _data())
-        loss.backward()
+        opt.backward(loss)
         model.fc2.weight.grad = None
         if inputs.needs_closure:
             opt.step(lambda: loss)
@@ -352,7 +361,7 @@ def _converges(config: dict[str, Any], inputs: ConformanceInputs) -> None:
         def closure() -> torch.Tensor:
             opt.zero_grad()
             loss = _loss(model, batch)
-            loss.backward()
+            opt.backward(loss)
             return loss
 
         if inputs.needs_closure:

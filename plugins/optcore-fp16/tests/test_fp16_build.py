@@ -120,16 +120,9 @@ if importlib.util.find_spec("optcore_lion"):
         "memory_efficient": True,
     }
 
-# What the kit cannot check on a precision wrapper yet (kept as non-strict
-# xfails, so they report XPASS once the kit learns it):
-_KNOWN = {
-    # the wrappers fold multiply_grads and clipping into the step's one factor,
-    # as fairseq does; the kit reads p.grad
-    "grad_ops": "the wrappers fold multiply_grads/clipping into the step, p.grad stays as backward left it",
-    # the kit calls loss.backward(), not optimizer.backward(loss), and turns the
-    # wrapper's 'loss was not scaled' warning into an error
-    "lr_scheduler": "the kit calls loss.backward() instead of the contract's optimizer.backward(loss)",
-}
+# What the kit cannot check on a precision wrapper (strict xfail: a change that
+# makes it pass must update this table):
+_KNOWN: dict[str, str] = {}
 
 
 @needs_install
@@ -153,11 +146,9 @@ def test_conformance(name: str, check: str, request: pytest.FixtureRequest) -> N
     from optcore.testing import run_check
 
     config = _CONFIGS[name]
-    reason = _KNOWN.get(check) if not (check == "lr_scheduler" and "bf16" in name) else None
-    if check == "groups" and config["type"] == "FP16Optimizer":
-        reason = "the core does not yet pass param_groups of a named wrapper on to the inner optimizer"
+    reason = _KNOWN.get(check)
     if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     with warnings.catch_warnings():
         # the kit's models are fp32: the wrapper says it gains nothing there
         warnings.filterwarnings("ignore", message=".*no trainable parameter is")

@@ -206,9 +206,11 @@ class Lion(Optimizer):
                 dtype = torch.float32 if p.dtype in _LOW_PRECISION else p.dtype
                 state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
             g, m = p.grad, state["exp_avg"]
-            if use_kernel and _cpu_kernel.eligible(p, g, m) and _cpu_kernel.load() is not None:
+            # Sharded params (FSDP2's DTensor) go through torch ops, which know their layout.
+            plain = type(p) in (Tensor, torch.nn.Parameter)
+            if plain and use_kernel and _cpu_kernel.eligible(p, g, m) and _cpu_kernel.load() is not None:
                 route = fused
-            elif group["foreach"] or (group["foreach"] is None and p.device.type != "cpu"):
+            elif not plain or group["foreach"] or (group["foreach"] is None and p.device.type != "cpu"):
                 route = foreach
             else:
                 route = forloop
