@@ -27,7 +27,7 @@ from ._names import close_matches, normalize
 from ._plugins import OPTIMIZERS_GROUP, PluginEntry, entry_points
 from ._spec import OptimizerSpec
 
-SOURCES = ("torch", "package", "plugin", "user")
+SOURCES = ("torch", "package", "builtin", "plugin", "user")
 
 
 class ShadowedNameWarning(UserWarning):
