@@ -107,7 +107,10 @@ class OptimizerSpec:
     @property
     def description(self) -> str:
         """The first paragraph of the target's docstring."""
-        doc = inspect.getdoc(self.target) or ""
+        # The class's own docstring: an inherited one ("Base class for all
+        # optimizers.") would describe something else.
+        own = vars(self.target).get("__doc__") if isinstance(self.target, type) else None
+        doc = inspect.cleandoc(own) if own else (inspect.getdoc(self.target) or "")
         return doc.split("\n\n", 1)[0].replace("\n", " ").strip()
 
     @property

@@ -64,7 +64,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _schema_rows(schema: Any) -> list[dict[str, Any]]:
     rows = []
-    for name, info in schema.model_fields.items():
+    # Hyper-parameters first, implementation switches last.
+    switches = ("maximize", "foreach", "differentiable", "fused", "capturable")
+    ordered = sorted(schema.model_fields.items(), key=lambda item: item[0] in switches)
+    for name, info in ordered:
         constraints = [str(m) for m in info.metadata if type(m).__name__ not in ("BeforeValidator",)]
         rows.append(
             {

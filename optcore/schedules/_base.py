@@ -37,18 +37,18 @@ from .._schema import HParams, Literalish, validate_hparams
 # Field types the schedule schemas share, so a key reads the same everywhere.
 WarmupSteps = Annotated[
     int,
-    Literalish,
     Field(ge=0, description="steps of warm-up to the base lr (also accepted as num_warmup_steps)"),
+    Literalish,
 ]
 TrainingSteps = Annotated[
     int,
-    Literalish,
     Field(gt=0, description="total optimizer steps of the run (or pass num_training_steps= to build_scheduler)"),
+    Literalish,
 ]
-Steps = Annotated[int, Literalish, Field(ge=0)]
-PositiveSteps = Annotated[int, Literalish, Field(gt=0)]
-NonNegative = Annotated[float, Literalish, Field(ge=0.0)]
-Fraction = Annotated[float, Literalish, Field(ge=0.0, le=1.0)]
+Steps = Annotated[int, Field(ge=0), Literalish]
+PositiveSteps = Annotated[int, Field(gt=0), Literalish]
+NonNegative = Annotated[float, Field(ge=0.0), Literalish]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0), Literalish]
 Flag = Annotated[bool, Literalish]
 
 

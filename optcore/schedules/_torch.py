@@ -51,14 +51,14 @@ class _LambdaConfig(HParams):
 
 
 class _MultiStepConfig(HParams):
-    milestones: Annotated[list[int], Literalish, Field(description="steps at which the lr is multiplied by gamma")]
-    gamma: Annotated[float, Literalish, Field(gt=0.0)] = 0.1
+    milestones: Annotated[list[int], Field(description="steps at which the lr is multiplied by gamma"), Literalish]
+    gamma: Annotated[float, Field(gt=0.0), Literalish] = 0.1
     last_epoch: Annotated[int, Literalish] = -1
 
 
 class _SequentialConfig(HParams):
     schedulers: Annotated[list[Any], Field(description="scheduler configs (or schedulers), run one after another")]
-    milestones: Annotated[list[int], Literalish, Field(description="steps at which the next scheduler takes over")]
+    milestones: Annotated[list[int], Field(description="steps at which the next scheduler takes over"), Literalish]
     last_epoch: Annotated[int, Literalish] = -1
 
 

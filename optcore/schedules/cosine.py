@@ -14,7 +14,7 @@ from ._base import Fraction, NonNegative, Schedule, TrainingSteps, WarmupSteps, 
 from .polynomial import linear_warmup
 
 Cycles = Annotated[
-    float, Literalish, Field(ge=0.0, description="number of cosine waves (0.5: one half-wave down to 0)")
+    float, Field(ge=0.0, description="number of cosine waves (0.5: one half-wave down to 0)"), Literalish
 ]
 
 
@@ -69,7 +69,7 @@ class CosineSchedule(Schedule):
 class CosineWithRestartsConfig(HParams):
     warmup_steps: WarmupSteps = 0
     num_training_steps: TrainingSteps
-    num_cycles: Annotated[int, Literalish, Field(ge=1, description="number of hard restarts")] = 1
+    num_cycles: Annotated[int, Field(ge=1, description="number of hard restarts"), Literalish] = 1
 
 
 class CosineWithRestartsSchedule(Schedule):
@@ -116,11 +116,11 @@ class CosineWithRestartsSchedule(Schedule):
 class _MinLR(HParams):
     """Exactly one of ``min_lr`` (absolute) and ``min_lr_rate`` (a fraction of the base lr)."""
 
-    min_lr: Annotated[NonNegative | None, Literalish, Field(description="lr at the end of the cosine (absolute)")] = (
+    min_lr: Annotated[NonNegative | None, Field(description="lr at the end of the cosine (absolute)"), Literalish] = (
         None
     )
     min_lr_rate: Annotated[
-        Fraction | None, Literalish, Field(description="lr at the end, as a fraction of the base lr")
+        Fraction | None, Field(description="lr at the end, as a fraction of the base lr"), Literalish
     ] = None
 
     @model_validator(mode="after")

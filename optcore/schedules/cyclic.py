@@ -15,10 +15,10 @@ from ._base import Flag, Schedule, base_lr
 
 class TriangularConfig(HParams):
     max_lr: Annotated[
-        float, Literalish, Field(gt=0.0, description="peak lr of the first cycle (absolute, > the optimizer's lr)")
+        float, Field(gt=0.0, description="peak lr of the first cycle (absolute, > the optimizer's lr)"), Literalish
     ]
-    lr_period_updates: Annotated[float, Literalish, Field(ge=2, description="updates per cycle")] = 5000
-    lr_shrink: Annotated[float, Literalish, Field(gt=0.0, description="peak multiplier per cycle")] = 0.1
+    lr_period_updates: Annotated[float, Field(ge=2, description="updates per cycle"), Literalish] = 5000
+    lr_shrink: Annotated[float, Field(gt=0.0, description="peak multiplier per cycle"), Literalish] = 0.1
     shrink_min: Annotated[Flag, Field(description="also shrink the lowest lr")] = False
 
 

@@ -22,25 +22,25 @@ PerGroupLR = Annotated[float | list[float], Literalish]
 
 
 class GreedyConfig(HParams):
-    mode: Annotated[Literal["min", "max"], Literalish, Field(description="minimise or maximise the metric")] = "min"
+    mode: Annotated[Literal["min", "max"], Field(description="minimise or maximise the metric"), Literalish] = "min"
     factor: Annotated[
-        float, Literalish, Field(gt=0.0, lt=1.0, description="lr *= factor on a plateau, lr /= factor on improvement")
+        float, Field(gt=0.0, lt=1.0, description="lr *= factor on a plateau, lr /= factor on improvement"), Literalish
     ] = 0.95
-    patience: Annotated[int, Literalish, Field(ge=0, description="steps of one trend before the lr moves")] = 10
-    threshold: Annotated[float, Literalish, Field(ge=0.0, description="smallest change that counts")] = 1e-6
+    patience: Annotated[int, Field(ge=0, description="steps of one trend before the lr moves"), Literalish] = 10
+    threshold: Annotated[float, Field(ge=0.0, description="smallest change that counts"), Literalish] = 1e-6
     threshold_mode: Annotated[Literal["rel", "abs"], Literalish] = "abs"
-    cooldown: Annotated[int, Literalish, Field(ge=0, description="steps to wait after a decrease")] = 0
+    cooldown: Annotated[int, Field(ge=0, description="steps to wait after a decrease"), Literalish] = 0
     warmup: Annotated[
-        int, Literalish, Field(ge=0, description="steps to wait after an increase (not a lr warm-up)")
+        int, Field(ge=0, description="steps to wait after an increase (not a lr warm-up)"), Literalish
     ] = 0
     min_lr: Annotated[PerGroupLR, Field(description="lower bound (absolute; scaled by a group's lr_scale)")] = 1e-3
     max_lr: Annotated[PerGroupLR, Field(description="upper bound (absolute; scaled by a group's lr_scale)")] = 1.0
-    eps: Annotated[float, Literalish, Field(ge=0.0, description="smallest lr change that is applied")] = 1e-8
+    eps: Annotated[float, Field(ge=0.0, description="smallest lr change that is applied"), Literalish] = 1e-8
     verbose: Flag = False
     smooth: Annotated[Flag, Field(description="compare a moving average of the metric")] = False
-    window_size: Annotated[int, Literalish, Field(gt=0, description="length of that moving average")] = 50
+    window_size: Annotated[int, Field(gt=0, description="length of that moving average"), Literalish] = 50
     reset_start: Annotated[
-        int, Literalish, Field(ge=1, description="plateaus at min_lr before everything restarts from the initial lr")
+        int, Field(ge=1, description="plateaus at min_lr before everything restarts from the initial lr"), Literalish
     ] = 500
 
 

@@ -20,18 +20,18 @@ from .._schema import HParams, Literalish
 from ._base import EpochSchedule, PositiveSteps, Schedule, base_lr
 
 WarmupUpdates = Annotated[
-    int, Literalish, Field(ge=0, description="updates of linear warm-up (also accepted as warmup_steps)")
+    int, Field(ge=0, description="updates of linear warm-up (also accepted as warmup_steps)"), Literalish
 ]
 
 
 class StepConfig(HParams):
     warmup_updates: WarmupUpdates = 0
     warmup_init_lr: Annotated[
-        float, Literalish, Field(description="first warm-up lr (absolute); negative: min_lr")
+        float, Field(description="first warm-up lr (absolute); negative: min_lr"), Literalish
     ] = -1.0
-    min_lr: Annotated[float, Literalish, Field(ge=0.0, description="floor of the decay (absolute)")] = 0.0
-    lr_decay_period: Annotated[int, Literalish, Field(gt=0, description="updates between two decays")] = 25000
-    lr_decay: Annotated[float, Literalish, Field(gt=0.0, le=1.0, description="lr multiplier per period")] = 0.5
+    min_lr: Annotated[float, Field(ge=0.0, description="floor of the decay (absolute)"), Literalish] = 0.0
+    lr_decay_period: Annotated[int, Field(gt=0, description="updates between two decays"), Literalish] = 25000
+    lr_decay: Annotated[float, Field(gt=0.0, le=1.0, description="lr multiplier per period"), Literalish] = 0.5
 
 
 class StepSchedule(Schedule):
@@ -98,15 +98,15 @@ class StepSchedule(Schedule):
 class FixedConfig(HParams):
     force_anneal: Annotated[
         PositiveSteps | None,
-        Literalish,
         Field(description="from this epoch on, shrink the lr by lr_shrink every epoch"),
+        Literalish,
     ] = None
-    lr_shrink: Annotated[float, Literalish, Field(gt=0.0, description="lr multiplier per annealed epoch")] = 0.1
+    lr_shrink: Annotated[float, Field(gt=0.0, description="lr multiplier per annealed epoch"), Literalish] = 0.1
     warmup_updates: WarmupUpdates = 0
     lr: Annotated[
         Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)] | None,
-        Literalish,
         Field(description="lr of epochs 1, 2, ... (absolute; the last repeats); default: the optimizer's"),
+        Literalish,
     ] = None
 
 

@@ -58,8 +58,8 @@ class LinearSchedule(Schedule):
 class PolynomialConfig(HParams):
     warmup_steps: WarmupSteps = 0
     num_training_steps: TrainingSteps
-    lr_end: Annotated[float, Literalish, Field(ge=0.0, description="lr reached at the last step (absolute)")] = 1e-7
-    power: Annotated[float, Literalish, Field(gt=0.0, description="exponent of the decay (1: linear)")] = 1.0
+    lr_end: Annotated[float, Field(ge=0.0, description="lr reached at the last step (absolute)"), Literalish] = 1e-7
+    power: Annotated[float, Field(gt=0.0, description="exponent of the decay (1: linear)"), Literalish] = 1.0
 
 
 class PolynomialSchedule(Schedule):
@@ -119,7 +119,7 @@ class PolynomialSchedule(Schedule):
 class InverseSqrtConfig(HParams):
     warmup_steps: WarmupSteps = 0
     timescale: Annotated[
-        PositiveSteps | None, Literalish, Field(description="decay time scale (default: warmup_steps, or 10000)")
+        PositiveSteps | None, Field(description="decay time scale (default: warmup_steps, or 10000)"), Literalish
     ] = None
 
 
@@ -155,14 +155,14 @@ class InverseSqrtSchedule(Schedule):
 
 class PolynomialDecayConfig(HParams):
     warmup_updates: Annotated[
-        int, Literalish, Field(ge=0, description="updates of linear warm-up from 0 (also accepted as warmup_steps)")
+        int, Field(ge=0, description="updates of linear warm-up from 0 (also accepted as warmup_steps)"), Literalish
     ] = 0
     total_num_update: Annotated[
-        int, Literalish, Field(gt=0, description="update at which end_learning_rate is reached (num_training_steps)")
+        int, Field(gt=0, description="update at which end_learning_rate is reached (num_training_steps)"), Literalish
     ]
-    end_learning_rate: Annotated[float, Literalish, Field(ge=0.0, description="final lr (absolute)")] = 0.0
+    end_learning_rate: Annotated[float, Field(ge=0.0, description="final lr (absolute)"), Literalish] = 0.0
     zero_lr_warmup_steps: Annotated[
-        int, Literalish, Field(ge=0, description="updates at lr 0 before the warm-up (to fill EMAs)")
+        int, Field(ge=0, description="updates at lr 0 before the warm-up (to fill EMAs)"), Literalish
     ] = 0
     power: NonNegative = 1.0
 

@@ -19,19 +19,19 @@ Shape = Annotated[Literal["linear", "cosine", "1-sqrt"], Literalish]
 
 class WarmupStableDecayConfig(HParams):
     warmup_steps: WarmupSteps = 0
-    num_decay_steps: Annotated[int, Literalish, Field(ge=0, description="steps of the final decay")]
+    num_decay_steps: Annotated[int, Field(ge=0, description="steps of the final decay"), Literalish]
     num_training_steps: Annotated[
-        PositiveSteps | None, Literalish, Field(description="total steps; the stable phase fills what the others leave")
+        PositiveSteps | None, Field(description="total steps; the stable phase fills what the others leave"), Literalish
     ] = None
     num_stable_steps: Annotated[
-        Steps | None, Literalish, Field(description="steps at the base lr (default: the rest of num_training_steps)")
+        Steps | None, Field(description="steps at the base lr (default: the rest of num_training_steps)"), Literalish
     ] = None
     warmup_type: Shape = "linear"
     decay_type: Shape = "cosine"
     min_lr_ratio: Annotated[Fraction, Field(description="floor of warm-up and decay, as a fraction of the base lr")] = (
         0.0
     )
-    num_cycles: Annotated[float, Literalish, Field(ge=0.0, description="cosine waves of a cosine decay")] = 0.5
+    num_cycles: Annotated[float, Field(ge=0.0, description="cosine waves of a cosine decay"), Literalish] = 0.5
 
     @model_validator(mode="after")
     def _length(self) -> WarmupStableDecayConfig:
@@ -142,15 +142,15 @@ class WarmupStableDecaySchedule(Schedule):
 
 class TriStageConfig(HParams):
     warmup_steps: WarmupSteps = 0
-    hold_steps: Annotated[int, Literalish, Field(ge=0, description="steps at the peak lr")] = 0
-    decay_steps: Annotated[int, Literalish, Field(ge=0, description="steps of exponential decay")] = 0
+    hold_steps: Annotated[int, Field(ge=0, description="steps at the peak lr"), Literalish] = 0
+    decay_steps: Annotated[int, Field(ge=0, description="steps of exponential decay"), Literalish] = 0
     phase_ratio: Annotated[
         tuple[Fraction, Fraction, Fraction] | None,
-        Literalish,
         Field(description="(warm-up, hold, decay) as fractions of max_update; replaces the three step counts"),
+        Literalish,
     ] = None
-    init_lr_scale: Annotated[float, Literalish, Field(ge=0.0, description="first warm-up lr, times the peak lr")] = 0.01
-    final_lr_scale: Annotated[float, Literalish, Field(gt=0.0, description="final lr, times the peak lr")] = 0.01
+    init_lr_scale: Annotated[float, Field(ge=0.0, description="first warm-up lr, times the peak lr"), Literalish] = 0.01
+    final_lr_scale: Annotated[float, Field(gt=0.0, description="final lr, times the peak lr"), Literalish] = 0.01
     max_update: Annotated[
         PositiveSteps | None, Field(description="total updates, for phase_ratio (num_training_steps)")
     ] = None

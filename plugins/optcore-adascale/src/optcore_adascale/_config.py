@@ -21,7 +21,7 @@ class AdaScaleSGDConfig(HParams):
     dampening: Annotated[float, Literalish] = Field(0.0, description="Dampening for momentum, as torch.optim.SGD.")
     weight_decay: WeightDecay = Field(0.0, description="L2 penalty added to the gradient, as torch.optim.SGD.")
     nesterov: Flag = Field(False, description="Nesterov momentum (needs momentum > 0 and dampening 0).")
-    num_gradients_to_accumulate: Annotated[int, Literalish, Field(ge=1)] = Field(
+    num_gradients_to_accumulate: Annotated[int, Field(ge=1), Literalish] = Field(
         1,
         description="Backward passes accumulated locally (under DDP's no_sync) between two steps; "
         "each one is a gradient sample for the variance estimate.",

@@ -21,16 +21,16 @@ Precision = Literal["fp16", "bf16"]
 class LossScalerConfig(HParams):
     """Dynamic loss scaling as fairseq's training config defines it."""
 
-    init_scale: Annotated[float, Literalish, Field(gt=0.0, description="loss scale at the start of training")] = 2.0**7
+    init_scale: Annotated[float, Field(gt=0.0, description="loss scale at the start of training"), Literalish] = 2.0**7
     scale_factor: Annotated[
         float,
-        Literalish,
         Field(gt=1.0, description="the scale is divided by this on overflow, multiplied after a clean window"),
+        Literalish,
     ] = 2.0
     scale_window: Annotated[
         Annotated[int, Field(ge=1)] | None,
-        Literalish,
         Field(description="clean steps before the scale grows; default 2**14 / world_size / update_freq"),
+        Literalish,
     ] = None
     tolerance: Annotated[
         float,
@@ -41,14 +41,14 @@ class LossScalerConfig(HParams):
     ] = 0.0
     threshold: Annotated[
         Annotated[float, Field(gt=0.0)] | None,
-        Literalish,
         Field(description="floor of the scale; must not exceed min_loss_scale"),
+        Literalish,
     ] = None
     min_loss_scale: Annotated[
-        float, Literalish, Field(gt=0.0, description="training stops (FloatingPointError) when the scale falls to this")
+        float, Field(gt=0.0, description="training stops (FloatingPointError) when the scale falls to this"), Literalish
     ] = 1e-4
     update_freq: Annotated[
-        int, Literalish, Field(ge=1, description="gradient-accumulation steps; only sets the default scale_window")
+        int, Field(ge=1, description="gradient-accumulation steps; only sets the default scale_window"), Literalish
     ] = 1
 
     @model_validator(mode="after")
@@ -71,8 +71,8 @@ class LossScalerConfig(HParams):
 
 LossScalerField = Annotated[
     LossScalerConfig | None,
-    Literalish,
     Field(description="dynamic loss scaler options (fp16 only; bf16 needs none)"),
+    Literalish,
 ]
 PrecisionField = Annotated[Precision, Field(description="dtype of the model parameters: fp16 or bf16")]
 
@@ -84,8 +84,8 @@ class FP16OptimizerConfig(HParams):
     precision: PrecisionField = "fp16"
     flat: Annotated[
         bool | None,
-        Literalish,
         Field(description="one flat fp32 master buffer per group and device; default: when the optimizer supports it"),
+        Literalish,
     ] = None
 
 
@@ -112,7 +112,7 @@ class PrecisionOptions(HParams):
     ] = None
     memory_efficient: Annotated[
         bool,
-        Literalish,
         Field(description="MemoryEfficientFP16Optimizer (no fp32 master copy) instead of FP16Optimizer"),
+        Literalish,
     ] = False
     loss_scaler: LossScalerField = None
