@@ -15,6 +15,18 @@ optional field takes ``none``. A field whose flag the parser already has (a
 script's own ``--lr``, or AdamW's ``--eps`` met again in ReduceLROnPlateau)
 moves to ``--optimizer-lr`` / ``--lr-scheduler-eps``; ``prefix="opt-"`` puts
 every field under ``--opt-*`` instead.
+
+A training script::
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=3)
+    optcore.add_args(parser)   # --optimizer NAME, --lr-scheduler NAME and their flags
+    args = parser.parse_args()
+    config = optcore.config_from_args(args, nested=True)
+    optimizer, scheduler = optcore.build(config, model, num_training_steps=steps)
+
+    $ python train.py --optimizer lion --lr 3e-4 --betas 0.9 0.99 --lr-scheduler cosine --warmup-steps 500
+    $ python train.py --optimizer adamw --help      # AdamW's flags, defaults and help
 """
 
 from __future__ import annotations
@@ -514,9 +526,9 @@ def _dtype(text: str) -> Any:
     import torch
 
     value = getattr(torch, text.strip().removeprefix("torch."), None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(text)
-    return value
+    if isinstance(value, torch.dtype):
+        return value
+    raise ValueError(f"not a torch dtype: {text!r}")
 
 
 def _literal_converter(choices: list[Any]) -> Callable[[str], Any]:

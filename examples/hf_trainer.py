@@ -1,0 +1,116 @@
+"""Train with the Hugging Face ``Trainer`` and an optimizer chosen by an optcore config.
+
+The one-liner: ``optcore.build`` returns ``(optimizer, scheduler)``, which is
+exactly what ``Trainer(optimizers=...)`` takes::
+
+    trainer = Trainer(model, args, train_dataset=data,
+                      optimizers=optcore.build(config, model, num_training_steps=args.max_steps))
+
+optcore puts biases and norm weights in a ``weight_decay=0`` group itself
+(as the Trainer would), validates every hyper-parameter, and the optimizer is
+a ``torch.optim.Optimizer``, so the Trainer's gradient clipping, accelerate
+wrapping and checkpointing work unchanged.
+
+To let the Trainer build the optimizer itself (after it has moved or wrapped
+the model) and keep its own ``lr_scheduler_type`` / ``warmup_steps``, give
+``optimizer_cls_and_kwargs`` a factory: transformers 5 calls
+``factory()(model, **kwargs)`` for anything that is not an optimizer class::
+
+    trainer = Trainer(model, args, train_dataset=data,
+                      optimizer_cls_and_kwargs=(optcore_factory, {"type": "optcore-lion:Lion", "lr": 3e-4}))
+
+Needs ``pip install "optcore[hf]"`` (transformers and accelerate) and, for
+Lion, ``pip install optcore-lion``. Nothing is downloaded: the model is built
+from a config and the data are random tokens.
+
+Run: ``python examples/hf_trainer.py``
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+import optcore
+
+CONFIG = {
+    "optimizer": {"type": "optcore-lion:Lion", "lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.1},
+    "lr_scheduler": {"type": "cosine", "warmup_steps": 2},
+}
+
+
+def tiny_model(seed: int = 0) -> GPT2LMHeadModel:
+    """A one-layer GPT-2 built from a config (no weights to download)."""
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32))
+
+
+class RepeatingTokens(torch.utils.data.Dataset):
+    """Short sequences of a repeating pattern: a language model learns them in a few steps."""
+
+    def __init__(self, n: int = 64, length: int = 16, vocab: int = 50, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        starts = torch.randint(0, vocab, (n, 1), generator=g)
+        self.ids = (starts + torch.arange(length) % 4) % vocab
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def training_args(output_dir: str, steps: int) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
+def train_with_optimizers(output_dir: str, steps: int = 6, config: dict[str, Any] = CONFIG) -> Trainer:
+    """The one-liner: the optcore optimizer and schedule go in through ``optimizers=``."""
+    model, args = tiny_model(), training_args(output_dir, steps)
+    trainer = Trainer(
+        model,
+        args,
+        train_dataset=RepeatingTokens(),
+        optimizers=optcore.build(config, model, num_training_steps=args.max_steps),
+    )
+    trainer.train()
+    return trainer
+
+
+def optcore_factory() -> Callable[..., torch.optim.Optimizer]:
+    """For ``optimizer_cls_and_kwargs``: the Trainer calls ``optcore_factory()(model, **config)``."""
+    return lambda model, **config: optcore.build_optimizer(config, model)
+
+
+def train_with_factory(output_dir: str, steps: int = 6, optimizer: dict[str, Any] = CONFIG["optimizer"]) -> Trainer:
+    """The Trainer builds the optcore optimizer itself and its own schedule (``lr_scheduler_type``)."""
+    trainer = Trainer(
+        tiny_model(),
+        training_args(output_dir, steps),
+        train_dataset=RepeatingTokens(),
+        optimizer_cls_and_kwargs=(optcore_factory, dict(optimizer)),
+    )
+    trainer.train()
+    return trainer
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as out:
+        for train in (train_with_optimizers, train_with_factory):
+            trainer = train(out, steps=20)
+            losses = [round(e["loss"], 3) for e in trainer.state.log_history if "loss" in e]
+            print(f"{train.__name__}: {type(trainer.optimizer.optimizer).__name__}, losses {losses[0]} -> {losses[-1]}")
