@@ -46,7 +46,9 @@ CONFIG = {
 def tiny_model(seed: int = 0) -> GPT2LMHeadModel:
     """A one-layer GPT-2 built from a config (no weights to download)."""
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32))
+    return GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32, bos_token_id=0, eos_token_id=0)
+    )
 
 
 class RepeatingTokens(torch.utils.data.Dataset):
