@@ -1,0 +1,199 @@
+"""``optcore compare`` / ``optcore train`` and the embedded task.
+
+Runs are a few steps long, in-process except where the spawn path itself is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import optcore
+from optcore import _compare
+from optcore._config import load_config_file
+from optcore._tasks import RunSettings
+from optcore.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+RESULT_KEYS = {
+    "name", "config", "status", "error", "losses", "val_losses", "final", "best", "best_step", "steps_per_s",
+    "n_params", "state_bytes", "master_bytes", "state_bytes_per_param", "peak_rss", "peak_rss_delta",
+    "skipped_steps", "loss_scale", "warnings",
+}  # fmt: skip
+
+
+def _run(config: dict, steps: int = 4, seed: int = 0, **entry) -> dict:
+    """In this process, on one thread (as compare does: 2 threads on a busy 2-core machine crawl)."""
+    return _compare.run_one({"name": "x", "optimizer": config, **entry}, RunSettings(steps=steps, seed=seed), False)
+
+
+def _installed(name: str) -> bool:
+    try:
+        optcore.resolve(name)
+    except optcore.OptcoreError:
+        return False
+    return True
+
+
+def test_compare_cli_writes_table_json_and_png(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["compare", "--optimizers", "AdamW,torch:SGD", "--steps", "6", "--seed", "3", "--device", "cpu",
+               "--out", str(out), "--in-process", "--quiet"])  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "AdamW" in printed and "torch:SGD" in printed and "results.json" in printed
+
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["settings"] == {"steps": 6, "seed": 3, "device": "cpu", "threads": 1, "isolation": "in-process"}
+    assert doc["task"]["d_model"] == 64 and doc["task"]["n_layers"] == 2
+    assert [r["name"] for r in doc["results"]] == ["AdamW", "torch:SGD"]
+    for r in doc["results"]:
+        assert RESULT_KEYS <= set(r)
+        assert r["status"] == "ok" and r["error"] is None
+        assert len(r["losses"]) == 6 and r["val_losses"][0][0] == 0 and r["val_losses"][-1][0] == 6
+        assert r["final"] == r["val_losses"][-1][1] and r["best"] <= r["final"]
+        assert r["steps_per_s"] > 0 and r["peak_rss"] > 0 and r["skipped_steps"] is None
+    adamw, sgd = doc["results"]
+    assert adamw["config"]["optimizer"] == {"type": "AdamW", "lr": 1e-2, "weight_decay": 0.01}  # the line-up's
+    assert adamw["state_bytes_per_param"] == pytest.approx(8.0, abs=0.01)  # exp_avg + exp_avg_sq, fp32
+    assert sgd["state_bytes_per_param"] == pytest.approx(4.0, abs=0.01)  # the momentum buffer
+    assert (out / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_same_seed_same_losses_other_seed_other_losses():
+    config = {"type": "AdamW", "lr": 1e-2}
+    first, again, other = _run(config), _run(config), _run(config, seed=1)
+    assert first["losses"] == again["losses"] and first["val_losses"] == again["val_losses"]
+    assert first["losses"] != other["losses"]
+
+
+def test_a_fresh_process_gives_the_same_losses():
+    entry = {"name": "AdamW", "optimizer": {"type": "AdamW", "lr": 1e-2}}
+    settings = RunSettings(steps=3)
+    steps_seen = []
+    isolated = _compare.run_one(entry, settings, isolate=True, report=lambda step, loss: steps_seen.append(step))
+    here = _compare.run_one(entry, settings, isolate=False)
+    assert isolated["status"] == "ok" and isolated["losses"] == here["losses"]
+    assert steps_seen == [1, 2, 3]
+
+
+class Boom(torch.optim.SGD):
+    """Builds fine, raises on the second step."""
+
+    def step(self, closure=None):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 2:
+            raise RuntimeError("kaboom")
+        return super().step(closure)
+
+
+@pytest.fixture
+def boom():
+    optcore.register_optimizer("BoomForCompare", Boom)
+    yield "BoomForCompare"
+    optcore.unregister_optimizer("BoomForCompare")
+
+
+def test_failed_configs_are_reported_and_the_others_still_run(tmp_path, capsys, boom):
+    config = tmp_path / "compare.yaml"
+    config.write_text(
+        "num_training_steps: 4\n"
+        "configs:\n"
+        "  - {name: bad lr, optimizer: {type: AdamW, lr: -1}}\n"
+        "  - {name: no such, type: NoSuchOptimizer}\n"
+        f"  - {{name: raises, type: {boom}, lr: 0.1}}\n"
+        "  - {name: diverges, type: SGD, lr: 1.0e+6}\n"
+        "  - {name: good, optimizer: {type: AdamW, lr: 1.0e-2}, lr_scheduler: {type: cosine, warmup_steps: 1}}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["compare", "--config", str(config), "--out", str(out), "--in-process", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    results = {r["name"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    assert results["bad lr"]["status"] == "failed" and "lr" in results["bad lr"]["error"]
+    assert results["no such"]["status"] == "failed" and "NoSuchOptimizer" in results["no such"]["error"]
+    assert results["raises"]["status"] == "failed" and "step 2" in results["raises"]["error"]
+    assert "kaboom" in results["raises"]["error"] and len(results["raises"]["losses"]) == 1
+    assert results["diverges"]["status"] == "diverged" and results["diverges"]["final"] is None
+    assert results["good"]["status"] == "ok" and len(results["good"]["losses"]) == 4
+    assert "kaboom" in printed and "failed" in printed
+    assert (out / "loss_curves.png").exists()
+
+
+def test_fp16_wrapper_reports_master_copy_and_skipped_steps():
+    if not _installed("FP16Optimizer"):
+        pytest.skip("optcore-fp16 is not installed")
+    result = _run({"type": "AdamW", "lr": 1e-2, "precision": "fp16", "loss_scaler": {"init_scale": 2**24}}, steps=8)
+    assert result["status"] == "ok", result["error"]
+    assert result["skipped_steps"] > 0 and result["loss_scale"] < 2**24  # fp16 overflowed at the start
+    n = result["n_params"]
+    assert result["master_bytes"] == 8 * n  # fp32 master params and their grads
+    assert 16 * n <= result["state_bytes"] < 16 * n + 64  # + AdamW's two fp32 moments (and step counters)
+
+
+def test_closure_optimizers_and_schedulers_train():
+    assert _run({"type": "LBFGS", "lr": 0.1, "max_iter": 2}, steps=2)["status"] == "ok"
+    result = _run({"type": "SGD", "lr": 0.1}, steps=4, lr_scheduler={"type": "ReduceLROnPlateau", "patience": 1})
+    assert result["status"] == "ok"
+
+
+def test_names_pick_the_line_up_and_keep_unknown_ones():
+    entries = {e["name"]: e["optimizer"] for e in _compare.entries_from_names("adamw, torch:SGD ,NoSuch")}
+    assert entries["AdamW"] == {"type": "AdamW", "lr": 1e-2, "weight_decay": 0.01}  # labelled as in the line-up
+    assert entries["torch:SGD"] == {"type": "torch:SGD", "lr": 0.3, "momentum": 0.9, "nesterov": True}
+    assert entries["NoSuch"] == {"type": "NoSuch"}
+    if _installed("optcore-lion:Lion"):  # a plain line-up name takes the line-up's implementation
+        (lion,) = _compare.entries_from_names("Lion")
+        assert lion["optimizer"]["type"] == "optcore-lion:Lion"
+
+
+def test_default_line_up_is_installed_and_unique():
+    entries = _compare.default_entries()
+    names = [e["name"] for e in entries]
+    assert {"AdamW", "Adam", "SGD", "RMSprop", "Adagrad"} <= set(names) and len(set(names)) == len(names)
+    for entry in entries:
+        optcore.resolve(entry["optimizer"]["type"])
+
+
+def test_compare_file_forms_and_errors():
+    entries, options = _compare.entries_from_file([{"type": "AdamW"}, "Lion", {"optimizer": {"type": "SGD"}}])
+    assert [e["name"] for e in entries] == ["AdamW", "Lion", "SGD"] and options == {}
+    with pytest.raises(optcore.ConfigError, match="non-empty list"):
+        _compare.entries_from_file({"type": "AdamW"})
+    with pytest.raises(optcore.ConfigError, match="num_training_steps"):
+        _compare.entries_from_file([{"type": "AdamW", "num_training_steps": 3}])
+    with pytest.raises(optcore.ConfigError, match="unknown keys"):
+        _compare.entries_from_file([{"optimizer": {"type": "AdamW"}, "lr": 3}])
+
+
+def test_examples_parse():
+    entries, options = _compare.entries_from_file(load_config_file(EXAMPLES / "compare.yaml"))
+    assert options == {"num_training_steps": 300, "seed": 0} and len(entries) >= 4
+    assert all(e["name"] and e["optimizer"]["type"] for e in entries)
+    from optcore.cli import check_config
+
+    assert check_config(load_config_file(EXAMPLES / "run.yaml")) == []
+
+
+def test_train_command(tmp_path, capsys):
+    run = tmp_path / "run.yaml"
+    run.write_text(
+        "optimizer: {type: AdamW, lr: 1.0e-2}\nlr_scheduler: {type: cosine, warmup_steps: 1}\nnum_training_steps: 50\n"
+    )
+    assert main(["train", "--config", str(run), "--steps", "4", "--sample", "12"]) == 0
+    printed = capsys.readouterr().out
+    assert "step     4/4" in printed and "final held-out loss" in printed and "sample:\nShall I " in printed
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optimizer: {type: AdamW, lr: -1}\n")
+    assert main(["train", "--config", str(bad), "--steps", "2"]) == 1
+    assert "lr" in capsys.readouterr().err
+
+
+def test_importing_the_commands_is_cheap():
+    code = "import sys, optcore._compare; print(sorted({'torch', 'rich', 'matplotlib'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
