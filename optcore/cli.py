@@ -162,8 +162,16 @@ def check_config(data: Any) -> list[str]:
     total = plain.get("num_training_steps") if isinstance(plain, dict) else None
     if isinstance(plain, dict) and ("lr_scheduler" in plain or "scheduler" in plain):
         configs = [("optimizer", plain.get("optimizer")), ("lr_scheduler", plain.get("lr_scheduler", plain.get("scheduler")))]
-    elif isinstance(plain, list):
-        configs = [("optimizer", c.get("optimizer", c) if isinstance(c, dict) else c) for c in plain]
+    elif isinstance(plain, list) or (isinstance(plain, dict) and "configs" in plain):
+        from ._compare import entries_from_file  # an `optcore compare` file: a list of runs
+
+        configs = []
+        entries, options = entries_from_file(plain)
+        total = options.get("num_training_steps", total)
+        for entry in entries:
+            configs.append(("optimizer", entry.get("optimizer", entry)))
+            if entry.get("lr_scheduler") is not None:
+                configs.append(("lr_scheduler", entry["lr_scheduler"]))
     else:
         configs = [("optimizer", plain)]
     for kind, cfg in configs:

@@ -56,3 +56,15 @@ def test_schema_export(capsys):
     schema = json.loads(capsys.readouterr().out)
     assert schema["properties"]["lr"]["minimum"] == 0
     assert schema["additionalProperties"] is False
+
+
+def test_check_accepts_compare_and_run_files(tmp_path, capsys):
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    assert main(["check", str(examples / "compare.yaml")]) == 0
+    assert main(["check", str(examples / "run.yaml")]) == 0
+    bad = tmp_path / "cmp.yaml"
+    bad.write_text("- {name: a, optimizer: {type: AdamW, lr: -1}}\n- {type: Lion, lr: 3e-4}\n")
+    assert main(["check", str(bad)]) == 1
+    assert "lr" in capsys.readouterr().err
