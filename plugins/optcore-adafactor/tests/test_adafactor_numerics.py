@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from optcore_adafactor import Adafactor
-from optcore_adafactor import _kernels
+from optcore_adafactor import _cpu_kernel, _kernels
 
 hf = pytest.importorskip("transformers.optimization")
 
@@ -31,10 +31,26 @@ MODES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks of 64 elements, so that every matrix above takes several."""
+@pytest.fixture(autouse=True, params=["c-kernel", "torch-ops"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on both CPU paths: the C loops (where a compiler is
+    found) and torch ops in chunks of 64 elements (so every matrix takes several)."""
+    if request.param == "c-kernel":
+        if _cpu_kernel.load() is None:
+            pytest.skip(f"C kernel unavailable: {_cpu_kernel.unavailable_reason}")
+    else:
+        monkeypatch.setattr(_cpu_kernel, "eligible", lambda *tensors: False)
     monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 64)
+    return request.param
+
+
+def test_c_kernel_and_torch_ops_agree(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    if path != "c-kernel":
+        pytest.skip("compares the two paths once")
+    fast, _, _, _ = _run_both({"beta1": 0.9, "weight_decay": 0.01}, steps=20)
+    monkeypatch.setattr(_cpu_kernel, "eligible", lambda *tensors: False)
+    slow, _, _, _ = _run_both({"beta1": 0.9, "weight_decay": 0.01}, steps=20)
+    _assert_close(fast, slow, 1e-6)
 
 
 def _run_both(config: dict, dtype: torch.dtype = torch.float32, steps: int = 100, shapes=SHAPES):
@@ -84,8 +100,11 @@ def test_low_precision_params_match_transformers(dtype: torch.dtype) -> None:
         assert all(v.dtype == torch.float32 for v in opt.state[a].values() if isinstance(v, torch.Tensor))
 
 
-def test_large_chunks_agree_with_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The chunked two-pass path does not depend on the chunk size."""
+def test_large_chunks_agree_with_small_chunks(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """The chunked two-pass torch path does not depend on the chunk size."""
+    if path != "torch-ops":
+        pytest.skip("a property of the torch path")
+    monkeypatch.setattr(_cpu_kernel, "eligible", lambda *tensors: False)
     monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 1 << 19)
     big, ref, _, _ = _run_both({"beta1": 0.9}, steps=10)
     monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 64)

@@ -21,8 +21,8 @@ _SCHEDULER_NOTE = (
     "(and a manual lr), otherwise Adafactor computes its own step size."
 )
 
-PositiveFloat = Annotated[float, Literalish, Field(gt=0.0)]
-NonNegFloat = Annotated[float, Literalish, Field(ge=0.0)]
+PositiveFloat = Annotated[float, Field(gt=0.0), Literalish]
+NonNegFloat = Annotated[float, Field(ge=0.0), Literalish]
 
 
 class AdafactorConfig(HParams):
@@ -45,7 +45,7 @@ class AdafactorConfig(HParams):
     clip_threshold: PositiveFloat = Field(
         1.0, description="Threshold d of update clipping: the update's RMS is capped at d."
     )
-    decay_rate: Annotated[float, Literalish, Field(le=0.0)] = Field(
+    decay_rate: Annotated[float, Field(le=0.0), Literalish] = Field(
         -0.8, description="Exponent c of the second-moment decay beta2_t = 1 - t^c (<= 0)."
     )
     beta1: Annotated[Beta | None, Literalish] = Field(

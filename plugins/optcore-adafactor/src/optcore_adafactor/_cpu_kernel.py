@@ -1,0 +1,208 @@
+"""The two passes of a factored step as plain C loops, for fp32 CPU matrices.
+
+Written with torch ops (:mod:`optcore_adafactor._kernels`), the statistics
+pass costs three times the memory traffic it needs: the CPU spends its time on
+a square, two matrix-vector products and a fused square-and-sum over each
+chunk. These loops read G once for the statistics and read G and X (and M)
+once, writing X (and M) once, for the update: the step then runs at the memory
+bandwidth. They need no torch headers, so the system C compiler builds them in
+well under a second on first use; the library is cached
+(``$OPTCORE_CACHE_DIR``, else ``~/.cache/optcore``) and called through
+:mod:`ctypes`, which releases the GIL. OpenMP threads follow
+``torch.get_num_threads()``.
+
+Where no compiler works, or with ``OPTCORE_ADAFACTOR_KERNEL=0``, :func:`load`
+returns ``None`` (the reason is in :data:`unavailable_reason`) and the torch
+path runs; both give the same numbers (tested).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+
+/* One build runs everywhere: the loader picks the widest vector unit the CPU has. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(NO_CLONES)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+/* Statistics pass over an n x m gradient g (the scale folded into a):
+     row[i] = beta row[i] + a sum_j g[i,j]^2 + b
+     col_sq[j] = sum_i g[i,j]^2,   col_w[j] = sum_i g[i,j]^2 / row[i]
+   part: threads x 2 x m floats for per-thread partial sums, added up in
+   thread order afterwards (so the result does not depend on timing). */
+CLONES void adafactor_stats(int64_t n, int64_t m, const float *g, float *row, float *col_sq, float *col_w,
+                            float *part, float beta, float a, float b, int threads) {
+  memset(part, 0, (int64_t)threads * 2 * m * sizeof(float));
+#pragma omp parallel num_threads(threads)
+  {
+    int t = 0;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+#endif
+    float *sq = part + (int64_t)t * 2 * m, *w = sq + m;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float *gi = g + i * m;
+      double s = 0.0;
+#pragma omp simd reduction(+:s)
+      for (int64_t j = 0; j < m; ++j) s += (double)gi[j] * gi[j];
+      float r = beta * row[i] + a * (float)s + b;
+      float inv = 1.0f / r;
+      row[i] = r;
+      for (int64_t j = 0; j < m; ++j) {
+        float v = gi[j] * gi[j];
+        sq[j] += v;
+        w[j] += v * inv;
+      }
+    }
+  }
+  memset(col_sq, 0, m * sizeof(float));
+  memset(col_w, 0, m * sizeof(float));
+  for (int t = 0; t < threads; ++t) {
+    const float *sq = part + (int64_t)t * 2 * m, *w = sq + m;
+    for (int64_t j = 0; j < m; ++j) {
+      col_sq[j] += sq[j];
+      col_w[j] += w[j];
+    }
+  }
+}
+
+/* Update pass: u = g[i,j] c[j] r[i] (r carries the step size and sign), then
+     x -= decay x;  x += u                                  (mom == 0), or
+     mom = beta1 mom + u;  x -= decay x;  x -= mom          (r carries (1 - beta1) lr). */
+CLONES void adafactor_apply(int64_t n, int64_t m, float *x, const float *g, float *mom, const float *r,
+                     const float *c, float decay, float beta1, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float *xi = x + i * m;
+    const float *gi = g + i * m;
+    const float ri = r[i];
+    if (mom) {
+      float *mi = mom + i * m;
+      for (int64_t j = 0; j < m; ++j) {
+        mi[j] = beta1 * mi[j] + gi[j] * c[j] * ri;
+        xi[j] = (xi[j] - decay * xi[j]) - mi[j];
+      }
+    } else {
+      for (int64_t j = 0; j < m; ++j) xi[j] = (xi[j] - decay * xi[j]) + gi[j] * c[j] * ri;
+    }
+  }
+}
+"""
+
+_HEADER = "#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
+
+#: Why the kernel could not be built, once :func:`load` has failed.
+unavailable_reason: str | None = None
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("OPTCORE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optcore"
+    )
+    return Path(root)
+
+
+def _compile(cc: str, flags: list[str], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "adafactor.c")
+        src.write_text(_HEADER + SOURCE)
+        built = Path(tmp, "adafactor.so")
+        subprocess.run([cc, *flags, str(src), "-o", str(built)], check=True, capture_output=True, timeout=120)
+        fd, staged = tempfile.mkstemp(dir=out.parent, suffix=".so")  # same filesystem: atomic rename
+        os.close(fd)
+        shutil.copyfile(built, staged)
+        os.replace(staged, out)
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> ctypes.CDLL | None:
+    """The compiled kernels (built and cached on first call), or ``None``."""
+    global unavailable_reason
+    if os.environ.get("OPTCORE_ADAFACTOR_KERNEL", "1") == "0":
+        unavailable_reason = "disabled by OPTCORE_ADAFACTOR_KERNEL=0"
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        unavailable_reason = "no C compiler found (set CC or install gcc/clang)"
+        return None
+    errors = []
+    base = ["-O3", "-shared", "-fPIC"]
+    for flags in (base + ["-fopenmp"], base + ["-fopenmp", "-DNO_CLONES"], base + ["-DNO_CLONES"]):
+        key = hashlib.sha256("\0".join([SOURCE, cc, *flags, platform.machine()]).encode()).hexdigest()[:16]
+        path = _cache_dir() / f"adafactor_fp32_{key}.so"
+        try:
+            if not path.exists():
+                _compile(cc, flags, path)
+            lib = ctypes.CDLL(str(path))
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", b"") or b""
+            errors.append(f"{cc} {' '.join(flags)}: {exc} {detail.decode(errors='replace')[:300]}".strip())
+            continue
+        i64, f, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+        lib.adafactor_stats.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, f, f, f, ctypes.c_int]
+        lib.adafactor_stats.restype = None
+        lib.adafactor_apply.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, f, f, ctypes.c_int]
+        lib.adafactor_apply.restype = None
+        unavailable_reason = None
+        return lib
+    unavailable_reason = "; ".join(errors)
+    return None
+
+
+def eligible(*tensors: Tensor | None) -> bool:
+    """Whether the kernels take these tensors (fp32 contiguous CPU matrices,
+    ``None`` for an absent one) and are built."""
+    return all(
+        t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() == 2 and t.is_contiguous())
+        for t in tensors
+    ) and load() is not None
+
+
+def _threads(n: int) -> int:
+    return max(1, min(torch.get_num_threads(), n))
+
+
+def stats_(grad: Tensor, row: Tensor, *, beta: float, a: float, b: float) -> tuple[Tensor, Tensor]:
+    """R <- beta R + a rowsum(G²) + b in place; returns colsum(G²), colsum(G² / R)."""
+    lib = load()
+    assert lib is not None
+    n, m = grad.shape
+    threads = _threads(n)
+    col_sq, col_w = torch.empty(m), torch.empty(m)
+    part = torch.empty(threads, 2, m)
+    lib.adafactor_stats(
+        n, m, grad.data_ptr(), row.data_ptr(), col_sq.data_ptr(), col_w.data_ptr(), part.data_ptr(),
+        beta, a, b, threads,
+    )
+    return col_sq, col_w
+
+
+def apply_(param: Tensor, grad: Tensor, exp_avg: Tensor | None, r: Tensor, c: Tensor, *, decay: float, beta1: float) -> None:
+    """X <- X - decay X + G * (r ⊗ c), or through the first moment (see SOURCE)."""
+    lib = load()
+    assert lib is not None
+    n, m = param.shape
+    r, c = r.contiguous(), c.contiguous()
+    lib.adafactor_apply(
+        n, m, param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr() if exp_avg is not None else None,
+        r.data_ptr(), c.data_ptr(), decay, beta1, _threads(n),
+    )
