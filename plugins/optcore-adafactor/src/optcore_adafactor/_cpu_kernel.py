@@ -19,14 +19,10 @@ path runs; both give the same numbers (tested).
 from __future__ import annotations
 
 import ctypes
+
+from optcore.kernels import build_c_library
 import functools
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -113,26 +109,6 @@ _HEADER = "#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
 unavailable_reason: str | None = None
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("OPTCORE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optcore"
-    )
-    return Path(root)
-
-
-def _compile(cc: str, flags: list[str], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp, "adafactor.c")
-        src.write_text(_HEADER + SOURCE)
-        built = Path(tmp, "adafactor.so")
-        subprocess.run([cc, *flags, str(src), "-o", str(built)], check=True, capture_output=True, timeout=120)
-        fd, staged = tempfile.mkstemp(dir=out.parent, suffix=".so")  # same filesystem: atomic rename
-        os.close(fd)
-        shutil.copyfile(built, staged)
-        os.replace(staged, out)
-
-
 @functools.lru_cache(maxsize=None)
 def load() -> ctypes.CDLL | None:
     """The compiled kernels (built and cached on first call), or ``None``."""
@@ -140,32 +116,16 @@ def load() -> ctypes.CDLL | None:
     if os.environ.get("OPTCORE_ADAFACTOR_KERNEL", "1") == "0":
         unavailable_reason = "disabled by OPTCORE_ADAFACTOR_KERNEL=0"
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        unavailable_reason = "no C compiler found (set CC or install gcc/clang)"
-        return None
-    errors = []
     base = ["-O3", "-shared", "-fPIC"]
-    for flags in (base + ["-fopenmp"], base + ["-fopenmp", "-DNO_CLONES"], base + ["-DNO_CLONES"]):
-        key = hashlib.sha256("\0".join([SOURCE, cc, *flags, platform.machine()]).encode()).hexdigest()[:16]
-        path = _cache_dir() / f"adafactor_fp32_{key}.so"
-        try:
-            if not path.exists():
-                _compile(cc, flags, path)
-            lib = ctypes.CDLL(str(path))
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", b"") or b""
-            errors.append(f"{cc} {' '.join(flags)}: {exc} {detail.decode(errors='replace')[:300]}".strip())
-            continue
+    flag_sets = (base + ["-fopenmp"], base + ["-fopenmp", "-DNO_CLONES"], base + ["-DNO_CLONES"])
+    lib, unavailable_reason = build_c_library("adafactor_fp32", _HEADER + SOURCE, flag_sets)
+    if lib is not None:
         i64, f, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
         lib.adafactor_stats.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, f, f, f, ctypes.c_int]
         lib.adafactor_stats.restype = None
         lib.adafactor_apply.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, f, f, ctypes.c_int]
         lib.adafactor_apply.restype = None
-        unavailable_reason = None
-        return lib
-    unavailable_reason = "; ".join(errors)
-    return None
+    return lib
 
 
 def eligible(*tensors: Tensor | None) -> bool:

@@ -19,14 +19,11 @@ and the wrapper uses torch ops instead.
 from __future__ import annotations
 
 import ctypes
+
+from optcore.kernels import build_c_library
 import functools
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -103,26 +100,6 @@ unavailable_reason: str | None = None
 enabled = True
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("OPTCORE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optcore"
-    )
-    return Path(root)
-
-
-def _compile(cc: str, flags: list[str], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp, "fp16_grads.c")
-        src.write_text(SOURCE)
-        built = Path(tmp, "fp16_grads.so")
-        subprocess.run([cc, *flags, str(src), "-o", str(built)], check=True, capture_output=True, timeout=120)
-        fd, staged = tempfile.mkstemp(dir=out.parent, suffix=".so")  # same filesystem: atomic rename
-        os.close(fd)
-        shutil.copyfile(built, staged)
-        os.replace(staged, out)
-
-
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel (built and cached on first call), or ``None``."""
@@ -130,25 +107,11 @@ def load() -> ctypes.CDLL | None:
     if os.environ.get("OPTCORE_FP16_DISABLE_KERNEL", "").strip() not in {"", "0"}:
         unavailable_reason = "disabled by OPTCORE_FP16_DISABLE_KERNEL"
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        unavailable_reason = "no C compiler found (set CC or install gcc/clang)"
-        return None
-    errors = []
     base = [["-O3", "-shared", "-fPIC", "-fopenmp"], ["-O3", "-shared", "-fPIC"]]
     # the F16C build only where this CPU runs it (the cache key has the flags)
     candidates = [[*f, "-mavx2", "-mf16c"] for f in base] if _has_f16c() else []
-    for flags in candidates + base:
-        key = hashlib.sha256("\0".join([SOURCE, cc, *flags, platform.machine()]).encode()).hexdigest()[:16]
-        path = _cache_dir() / f"fp16_grads_{key}.so"
-        try:
-            if not path.exists():
-                _compile(cc, flags, path)
-            lib = ctypes.CDLL(str(path))
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", b"") or b""
-            errors.append(f"{cc} {' '.join(flags)}: {exc} {detail.decode(errors='replace')[:300]}".strip())
-            continue
+    lib, unavailable_reason = build_c_library("fp16_grads", SOURCE, candidates + base)
+    if lib is not None:
         P = ctypes.POINTER(ctypes.c_void_p)
         lib.half_to_float_scaled.argtypes = [
             ctypes.c_int64,
@@ -159,10 +122,7 @@ def load() -> ctypes.CDLL | None:
             ctypes.c_int,
         ]
         lib.half_to_float_scaled.restype = ctypes.c_int
-        unavailable_reason = None
-        return lib
-    unavailable_reason = "; ".join(errors)
-    return None
+    return lib
 
 
 def available() -> bool:

@@ -15,14 +15,9 @@ Where no compiler works, :func:`load` returns ``None`` and says why in
 from __future__ import annotations
 
 import ctypes
+
+from optcore.kernels import build_c_library
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -55,55 +50,18 @@ _PARALLEL_MIN = 1 << 16  # elements per step below which one thread is faster
 unavailable_reason: str | None = None
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("OPTCORE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optcore"
-    )
-    return Path(root)
-
-
-def _compile(cc: str, flags: list[str], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp, "lion.c")
-        src.write_text(SOURCE)
-        built = Path(tmp, "lion.so")
-        subprocess.run([cc, *flags, str(src), "-o", str(built)], check=True, capture_output=True, timeout=120)
-        fd, staged = tempfile.mkstemp(dir=out.parent, suffix=".so")  # same filesystem: atomic rename
-        os.close(fd)
-        shutil.copyfile(built, staged)
-        os.replace(staged, out)
-
-
 @functools.lru_cache(maxsize=None)
 def load() -> ctypes.CDLL | None:
     """The compiled kernel (built and cached on first call), or ``None``."""
     global unavailable_reason
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        unavailable_reason = "no C compiler found (set CC or install gcc/clang)"
-        return None
-    errors = []
-    for flags in (["-O3", "-shared", "-fPIC", "-fopenmp"], ["-O3", "-shared", "-fPIC"]):
-        key = hashlib.sha256("\0".join([SOURCE, cc, *flags, platform.machine()]).encode()).hexdigest()[:16]
-        path = _cache_dir() / f"lion_fp32_{key}.so"
-        try:
-            if not path.exists():
-                _compile(cc, flags, path)
-            lib = ctypes.CDLL(str(path))
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", b"") or b""
-            errors.append(f"{cc} {' '.join(flags)}: {exc} {detail.decode(errors='replace')[:300]}".strip())
-            continue
+    lib, unavailable_reason = build_c_library("lion_fp32", SOURCE)
+    if lib is not None:
         P = ctypes.POINTER(ctypes.c_void_p)
         f = ctypes.c_float
         i64 = ctypes.c_int64
         lib.lion_fp32.argtypes = [i64, P, P, P, ctypes.POINTER(i64), f, f, f, f, f, f, ctypes.c_int]
         lib.lion_fp32.restype = None
-        unavailable_reason = None
-        return lib
-    unavailable_reason = "; ".join(errors)
-    return None
+    return lib
 
 
 def eligible(*tensors: Tensor) -> bool:
