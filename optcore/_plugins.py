@@ -24,6 +24,8 @@ from typing import Any
 from ._errors import PluginLoadError
 from ._names import normalize
 
+_LOADER_LOCK = threading.RLock()
+
 OPTIMIZERS_GROUP = "optcore.optimizers"
 SCHEDULERS_GROUP = "optcore.schedulers"
 HOOKS_GROUP = "optcore.hooks"
@@ -53,11 +55,10 @@ class PluginEntry:
 
     def loader(self, validate: Callable[[Any], None] | None = None) -> Callable[[], Any]:
         """A memoised zero-argument loader (specs call it on first use)."""
-        lock = threading.Lock()
         result: list[Any] = []
 
         def load() -> Any:
-            with lock:
+            with _LOADER_LOCK:
                 if not result:
                     obj = self.load()
                     if validate is not None:

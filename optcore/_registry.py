@@ -35,14 +35,12 @@ class ShadowedNameWarning(UserWarning):
 
 
 def _memo(fn: Callable[[], Any]) -> Callable[[], Any]:
-    lock = threading.Lock()
     box: list[Any] = []
 
-    def load() -> Any:
-        with lock:
-            if not box:
-                box.append(fn())
-            return box[0]
+    def load() -> Any:  # callers hold the specs' load lock
+        if not box:
+            box.append(fn())
+        return box[0]
 
     return load
 

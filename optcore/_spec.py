@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-Source = Literal["torch", "package", "plugin", "user"]
+Source = Literal["torch", "package", "builtin", "plugin", "user"]
+_LOAD_LOCK = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,6 @@ class OptimizerSpec:
     shadowed: tuple[OptimizerSpec, ...] = ()
     version: str | None = None
     kind: str = "optimizer"
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OptimizerSpec:
         return self  # immutable record: optimizers carrying it deep-copy cheaply
@@ -66,7 +66,7 @@ class OptimizerSpec:
     @cached_property
     def target(self) -> Any:
         """The class or factory (imports its module on first access)."""
-        with self._lock:
+        with _LOAD_LOCK:  # one lock for all specs: creating hundreds of specs stays cheap
             return self.loader()
 
     @cached_property
