@@ -31,37 +31,15 @@ from collections.abc import Callable
 
 import torch
 
+from common import copy_bandwidth, sync, transformer_shaped  # benchmarks/common.py
+
 Factory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
 
-def transformer_shaped(n_params: float, d_model: int, device: str = "cpu") -> list[torch.Tensor]:
-    """Layers of q, k, v, out (d x d), fc1 (4d x d), fc2 (d x 4d) weights, their
-    biases and two LayerNorms, to about ``n_params``."""
-    d = d_model
-    layer = [(d, d)] * 4 + [(4 * d, d), (d, 4 * d)] + [(d,)] * 4 + [(4 * d,), (d,)] + [(d,)] * 4
-    per_layer = sum(torch.Size(s).numel() for s in layer)
-    gen = torch.Generator().manual_seed(0)
-    layers = max(1, round(n_params / per_layer))
-    return [torch.randn(s, generator=gen).to(device) for _ in range(layers) for s in layer]
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
-def copy_bandwidth(device: str = "cpu", numel: int = 1 << 26, reps: int = 5) -> float:
-    """Best bytes per second of ``dst.copy_(src)``, counting the read and the write."""
-    src, dst = torch.randn(numel, device=device), torch.empty(numel, device=device)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(reps):
-        _sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * 4 * numel / best
 
 
 def implementations(beta1: float | None) -> dict[str, Factory]:
@@ -103,11 +81,11 @@ def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float |
         bandwidth = max(bandwidth, copy_bandwidth(device))
         for name, opt in opts.items():
             opt.step()  # warm-up (state creation, scratch buffers)
-            _sync(device)
+            sync(device)
             start = time.perf_counter()
             for _ in range(steps):
                 opt.step()
-            _sync(device)
+            sync(device)
             best[name] = min(best[name], (time.perf_counter() - start) / steps * 1e3)
     bytes_per_param = 4 * (3 if beta1 is None else 5)
     bound = bytes_per_param * n / bandwidth * 1e3

@@ -23,29 +23,11 @@ import torch
 
 import optcore
 
-
-def transformer_shaped(n_params: float, d_model: int | None = None) -> list[torch.Tensor]:
-    """Weights of a transformer stack (attention d x d four times, MLP d x 4d
-    twice, biases and norms) adding up to about ``n_params``."""
-    d = d_model or (512 if n_params < 3e7 else 1024)
-    per_layer = 12 * d * d + 13 * d
-    layers = max(1, round(n_params / per_layer))
-    shapes = []
-    for _ in range(layers):
-        shapes += [(d, d)] * 4 + [(d,)] * 4 + [(4 * d, d), (4 * d,), (d, 4 * d), (d,)] + [(d,)] * 4
-    g = torch.Generator().manual_seed(0)
-    return [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+from common import copy_bandwidth, transformer_shaped  # benchmarks/common.py
 
 
-def copy_bandwidth(n: int = 50_000_000, repeats: int = 10) -> float:
-    """Bytes per second of a large tensor copy (read + write)."""
-    src, dst = torch.randn(n), torch.empty(n)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t)
-    return 2 * n * 4 / min(times)
+
+
 
 
 def step_time(opts: dict[str, torch.optim.Optimizer], repeats: int) -> dict[str, float]:
@@ -129,7 +111,7 @@ def main() -> None:
     print("| params | optimizer | variant | ms/step | x bound | ratio |")
     print("|---|---|---|---|---|---|")
     for millions in args.sizes:
-        base = transformer_shaped(millions * 1e6)
+        base = [p.requires_grad_() for p in transformer_shaped(millions * 1e6)]
         n = sum(p.numel() for p in base)
         for name, cls, bytes_per, kwargs in (
             ("AdamW", torch.optim.AdamW, 28, {"lr": 1e-3}),

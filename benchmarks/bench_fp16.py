@@ -39,29 +39,13 @@ from collections.abc import Callable
 
 import torch
 
+from common import copy_bandwidth, transformer_shaped  # benchmarks/common.py
+
 BYTES_PER_PARAM = 40
 
 
-def transformer_shaped(n_params: float, d_model: int) -> list[torch.Tensor]:
-    """Layers of qkv, out, fc1, fc2 weights, their biases and two LayerNorms, to ~``n_params`` (fp16)."""
-    d = d_model
-    layer = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d), (3 * d,), (d,), (4 * d,), (d,), (d,), (d,), (d,), (d,)]
-    per_layer = sum(torch.Size(s).numel() for s in layer)
-    layers = max(1, round(n_params / per_layer))
-    return [(torch.randn(s) * 0.02).half().requires_grad_() for _ in range(layers) for s in layer]
 
 
-def copy_bandwidth(numel: int = 1 << 26, reps: int = 10) -> float:
-    """Bytes per second of ``dst.copy_(src)`` (256 MiB each), counting the read
-    and the write; the best of ``reps`` copies, as the step times are best-of too."""
-    src, dst = torch.randn(numel), torch.empty(numel)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * 4 * numel / best
 
 
 class HandWrittenMasterLoop:
@@ -196,7 +180,7 @@ def memory_rows(params: list[torch.Tensor]) -> list[tuple[str, int, int]]:
 
 
 def bench(n_params: float, d_model: int, rounds: int, steps: int) -> None:
-    params = transformer_shaped(n_params, d_model)
+    params = [(p * 0.02).half().requires_grad_() for p in transformer_shaped(n_params, d_model)]  # an fp16 model
     for p in params:
         p.grad = (torch.randn_like(p, dtype=torch.float32) * 10).half()
     n = sum(p.numel() for p in params)

@@ -23,25 +23,13 @@ from collections.abc import Callable
 
 import torch
 
+from common import copy_bandwidth, transformer_shaped  # benchmarks/common.py
+
 BYTES_PER_PARAM = 20  # Lion, fp32: read p, g, m; write p, m
 
 
-def transformer_shaped(n_params: float, d_model: int) -> list[torch.Tensor]:
-    """Layers of qkv, out, fc1, fc2 weights, their biases and two LayerNorms, to ~``n_params``."""
-    d = d_model
-    layer = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d), (3 * d,), (d,), (4 * d,), (d,), (d,), (d,), (d,), (d,)]
-    per_layer = sum(torch.Size(s).numel() for s in layer)
-    return [torch.randn(s) for _ in range(max(1, round(n_params / per_layer))) for s in layer]
 
 
-def copy_bandwidth(numel: int = 1 << 26, reps: int = 5) -> float:
-    """Bytes per second of ``dst.copy_(src)``, counting the read and the write."""
-    src, dst = torch.randn(numel), torch.empty(numel)
-    dst.copy_(src)
-    start = time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src)
-    return 2 * 4 * numel * reps / (time.perf_counter() - start)
 
 
 def implementations() -> dict[str, tuple[bool, Callable[[list[torch.Tensor]], torch.optim.Optimizer]]]:
