@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ._config import WRAPPER_KEYS, optimizer_config, to_plain
-from ._errors import ConfigError, OptcoreError
+from ._config import WRAPPER_KEYS, merge_kwargs, optimizer_config, to_plain
+from ._errors import ConfigError, rejected_config
 from ._params import GROUP_META_KEYS, all_params, build_param_groups
 from ._registry import resolve
-from ._schema import parse_optim_args, validate_hparams
+from ._schema import validate_hparams
 from ._spec import OptimizerSpec
 
 _FP32_NAMES = {None, "fp32", "float32", "32", "no", "none"}
@@ -36,24 +36,7 @@ def build_optimizer(config: Any, params_or_model: Any) -> torch.optim.Optimizer:
     options = {k: cfg.pop(k) for k in WRAPPER_KEYS if k in cfg}
     regex_groups = cfg.pop("param_groups", None)
     no_decay = cfg.pop("no_decay", True)
-    optim_args = cfg.pop("optim_args", None)
-    if optim_args:
-        if isinstance(optim_args, str):
-            extra = parse_optim_args(optim_args)
-        elif isinstance(optim_args, Mapping):
-            extra = dict(to_plain(optim_args))
-        else:
-            raise ConfigError(
-                f"optim_args must be a 'key=value, ...' string or a mapping, got {optim_args!r}.",
-                problems=[("optim_args", "bad type")],
-            )
-        clash = sorted(set(extra) & set(cfg))
-        if clash:
-            raise ConfigError(
-                f"{clash} given both in optim_args and as keys of the config; keep one.",
-                problems=[(k, "given twice") for k in clash],
-            )
-        cfg.update(extra)
+    merge_kwargs(cfg, "optim_args")
 
     _check_options(options)
     target = spec.target
@@ -71,16 +54,8 @@ def build_optimizer(config: Any, params_or_model: Any) -> torch.optim.Optimizer:
     groups = [_validate_group(spec, kwargs, g, i) for i, g in enumerate(groups)]
     _choose_implementation(spec, kwargs, explicit, groups)
 
-    try:
+    with rejected_config(spec, (ValueError, TypeError, RuntimeError, NotImplementedError)):
         optimizer = _construct(spec, target, groups, kwargs)
-    except OptcoreError:
-        raise
-    except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
-        raise ConfigError(
-            f"{spec.qualified} rejected its configuration: {exc}",
-            problems=[("<constructor>", str(exc))],
-            target=spec.name,
-        ) from exc
     optimizer.optcore_spec = spec  # type: ignore[attr-defined]
 
     precision = _check_options(options)
@@ -228,12 +203,8 @@ def _build_wrapper(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: An
             inner_cfg[key] = cfg.pop(key)
     kwargs = validate_hparams(spec.schema, cfg, spec.name)
     inner = build_optimizer(inner_cfg, params_or_model)
-    try:
+    with rejected_config(spec):
         return spec.target(inner, **kwargs)
-    except OptcoreError:
-        raise
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{spec.qualified} rejected its configuration: {exc}", target=spec.name) from exc
 
 
 def build(config: Any, model: Any, num_training_steps: int | None = None) -> tuple[Any, Any]:

@@ -36,9 +36,15 @@ def to_plain(config: Any) -> Any:
     return config
 
 
-def optimizer_config(config: Any, what: str = "optimizer") -> dict[str, Any]:
-    """The optimizer config as a fresh dict with a ``type`` key."""
-    if isinstance(config, str) or isinstance(config, type) or callable(config) and not isinstance(config, Mapping) and not hasattr(config, "model_dump"):
+def typed_config(
+    config: Any, what: str = "optimizer", nested: tuple[str, ...] = ("optimizer",), example: str = "{'type': 'AdamW', 'lr': 3e-4}"
+) -> dict[str, Any]:
+    """``config`` as a fresh dict with a ``type`` key: a type name or class becomes
+    ``{"type": ...}``, and a mapping without ``type`` but with one of the ``nested``
+    keys is unwrapped (``{"optimizer": {...}}``, ``{"lr_scheduler": {...}}``)."""
+    if isinstance(config, (str, type)) or (
+        callable(config) and not isinstance(config, Mapping) and not hasattr(config, "model_dump")
+    ):
         return {"type": config}
     plain = to_plain(config)
     if not isinstance(plain, Mapping):
@@ -48,15 +54,47 @@ def optimizer_config(config: Any, what: str = "optimizer") -> dict[str, Any]:
             problems=[("<config>", "not a mapping")],
         )
     plain = dict(plain)
-    if "type" not in plain and what in plain and isinstance(plain[what], (Mapping, str)):
-        return optimizer_config(plain[what], what)
     if "type" not in plain:
+        for key in nested:
+            if isinstance(plain.get(key), (Mapping, str)):
+                return typed_config(plain[key], what, nested, example)
         raise ConfigError(
             f"The {what} config has no 'type' key: say which {what} to build, e.g. "
-            f"{{'type': 'AdamW', 'lr': 3e-4}}. Keys given: {sorted(plain)}.",
+            f"{example}. Keys given: {sorted(plain)}.",
             problems=[("type", "missing")],
         )
     return plain
+
+
+def optimizer_config(config: Any) -> dict[str, Any]:
+    """The optimizer config as a fresh dict with a ``type`` key."""
+    return typed_config(config)
+
+
+def merge_kwargs(cfg: dict[str, Any], key: str) -> None:
+    """Pop ``cfg[key]`` (an HF-style ``"a=1, b=(0.9, 0.99)"`` string or a mapping)
+    and merge it into ``cfg``; a key given both ways is an error."""
+    extra = cfg.pop(key, None)
+    if not extra:
+        return
+    if isinstance(extra, str):
+        from ._schema import parse_optim_args
+
+        extra = parse_optim_args(extra)
+    elif isinstance(extra, Mapping):
+        extra = dict(to_plain(extra))
+    else:
+        raise ConfigError(
+            f"{key} must be a 'key=value, ...' string or a mapping, got {extra!r}.",
+            problems=[(key, "bad type")],
+        )
+    clash = sorted(set(extra) & set(cfg))
+    if clash:
+        raise ConfigError(
+            f"{clash} given both in {key} and as keys of the config; keep one.",
+            problems=[(k, "given twice") for k in clash],
+        )
+    cfg.update(extra)
 
 
 def load_config_file(path: str | Path) -> Any:

@@ -10,7 +10,6 @@ unchanged, and the adapter costs one Python call per step.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -29,11 +28,25 @@ def _params_with_grad(groups: Iterable[Mapping[str, Any]]) -> list[Tensor]:
     return [p for g in groups for p in g["params"] if p.grad is not None]
 
 
-def _by_device_and_dtype(tensors: Iterable[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[Tensor]]:
+def by_device_and_dtype(tensors: Iterable[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[Tensor]]:
+    """Tensors bucketed by (device, dtype): the unit of torch's ``_foreach_`` ops."""
     buckets: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for t in tensors:
         buckets.setdefault((t.device, t.dtype), []).append(t)
     return buckets
+
+
+def total_grad_norm(grads: Sequence[Tensor]) -> Tensor:
+    """The 2-norm of all ``grads`` together, accumulated in fp32 (an fp16 grad
+    whose norm exceeds 65504 is not an overflow), one fused call per bucket."""
+    if not grads:
+        return torch.zeros(())
+    norms = [
+        torch.linalg.vector_norm(torch.stack(torch._foreach_norm(bucket, 2.0, dtype=torch.float32)), 2.0)
+        for bucket in by_device_and_dtype(grads).values()
+    ]
+    first = norms[0].device
+    return torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
 
 
 class ContractMixin:
@@ -114,7 +127,7 @@ class ContractMixin:
         device and dtype)."""
         if not isinstance(c, Tensor) and c == 1.0:
             return
-        for (device, _), grads in _by_device_and_dtype(
+        for (device, _), grads in by_device_and_dtype(
             p.grad for p in _params_with_grad(self.param_groups)
         ).items():
             factor = c.to(device) if isinstance(c, Tensor) else c
@@ -135,13 +148,7 @@ class ContractMixin:
         grads = [p.grad for p in _params_with_grad(self.param_groups)]
         if not grads:
             return torch.zeros(())
-        norms = [
-            # fp32 accumulation: an fp16 grad whose norm exceeds 65504 is not an overflow
-            torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group, 2.0, dtype=torch.float32)), 2.0)
-            for group in _by_device_and_dtype(grads).values()
-        ]
-        first = norms[0].device
-        total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
+        total = total_grad_norm(grads)
         if aggregate_norm_fn is not None:
             total = aggregate_norm_fn(total)
         if max_norm > 0 and bool(torch.isfinite(total)):
@@ -309,7 +316,7 @@ class ContractMixin:
             for p in g["params"]:
                 tensors.append(p.data)
                 tensors.extend(self._averageable_state(p))
-        for bucket in _by_device_and_dtype(tensors).values():
+        for bucket in by_device_and_dtype(tensors).values():
             flat = torch.cat([t.reshape(-1) for t in bucket])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
             flat.div_(world)
@@ -340,18 +347,9 @@ class Optimizer(ContractMixin, torch.optim.Optimizer):
         raise NotImplementedError(f"{type(self).__name__} must implement step(closure, scale, groups)")
 
 
-def is_contract_optimizer(obj: Any) -> bool:
-    """True if ``obj`` (an instance or a class) already has the optcore contract."""
-    cls = obj if isinstance(obj, type) else type(obj)
-    return issubclass(cls, ContractMixin)
-
-
 def grad_scale_tensor(scale: float | Tensor, like: Tensor) -> Tensor:
     """``scale`` as a float32 scalar tensor on ``like``'s device (what fused kernels take)."""
     if isinstance(scale, Tensor):
         return scale.to(device=like.device, dtype=torch.float32)
     return torch.tensor(float(scale), dtype=torch.float32, device=like.device)
 
-
-def finite(x: float) -> bool:
-    return math.isfinite(x)

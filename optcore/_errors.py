@@ -8,7 +8,9 @@ error is also that type, so existing ``except`` clauses keep working.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 
 class OptcoreError(Exception):
@@ -115,3 +117,19 @@ class PluginLoadError(OptcoreError, ImportError):
 
     def __str__(self) -> str:
         return self.message
+
+
+@contextmanager
+def rejected_config(spec: Any, errors: tuple[type[BaseException], ...] = (ValueError, TypeError)) -> Iterator[None]:
+    """Turn what a class's constructor raises about its arguments into a
+    :class:`ConfigError` naming the class (optcore's own errors pass through)."""
+    try:
+        yield
+    except OptcoreError:
+        raise
+    except errors as exc:
+        raise ConfigError(
+            f"{spec.qualified} rejected its configuration: {exc}",
+            problems=[("<constructor>", str(exc))],
+            target=spec.name,
+        ) from exc

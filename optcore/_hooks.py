@@ -18,7 +18,6 @@ import pluggy
 hookspec = pluggy.HookspecMarker("optcore")
 hookimpl = pluggy.HookimplMarker("optcore")
 
-HOOKS_GROUP = "optcore.hooks"
 
 
 class OptcoreHookSpecs:

@@ -86,8 +86,10 @@ class Registry:
         builtin_sources: Iterable[Callable[[], list[OptimizerSpec]]],
         not_found: type[OptimizerNotFoundError] = OptimizerNotFoundError,
         validate: Callable[[Any], None] | None = None,
+        spec_class: type[OptimizerSpec] = OptimizerSpec,
     ) -> None:
         self.kind = kind
+        self._spec_class = spec_class
         self.group = group
         self._builtin_sources = list(builtin_sources)
         self._not_found = not_found
@@ -105,7 +107,7 @@ class Registry:
 
     def _plugin_specs(self, entries: tuple[PluginEntry, ...]) -> list[OptimizerSpec]:
         return [
-            OptimizerSpec(
+            self._spec_class(
                 name=e.name,
                 source="plugin",
                 provider=e.distribution or e.module,
@@ -214,7 +216,7 @@ class Registry:
     def _spec_for_object(self, obj: Any, qualified: str | None = None, source: str = "user") -> OptimizerSpec:
         module = getattr(obj, "__module__", "") or ""
         name = getattr(obj, "__name__", type(obj).__name__)
-        return OptimizerSpec(
+        return self._spec_class(
             name=name,
             source=source,  # type: ignore[arg-type]
             provider=module.partition(".")[0] or "<object>",
@@ -281,7 +283,7 @@ class Registry:
                     f"{self.kind.capitalize()} {name!r} is already registered ({existing.qualified}); "
                     f"pass override=True to replace it, or choose another name."
                 )
-            self._user[key] = OptimizerSpec(
+            self._user[key] = self._spec_class(
                 name=name,
                 source="user",
                 provider=(getattr(target, "__module__", "") or "<user>").partition(".")[0],

@@ -21,7 +21,6 @@ schedule: warm-up is ``warmup_steps`` (``num_warmup_steps`` and fairseq's
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,11 +29,11 @@ from typing import Any
 
 import torch
 
-from ._config import to_plain
-from ._errors import ConfigError, OptcoreError, SchedulerNotFoundError
+from ._config import merge_kwargs, typed_config
+from ._errors import ConfigError, SchedulerNotFoundError, rejected_config
 from ._plugins import SCHEDULERS_GROUP
 from ._registry import Registry
-from ._schema import parse_optim_args, validate_hparams
+from ._schema import validate_hparams
 from ._spec import OptimizerSpec
 
 #: The spellings of the warm-up length; a schedule's schema has at most one.
@@ -120,19 +119,6 @@ class SchedulerSpec(OptimizerSpec):
         return out
 
 
-def _as_scheduler_spec(spec: OptimizerSpec) -> SchedulerSpec:
-    """The registry builds plain specs for plugins, registrations and objects;
-    give them the scheduler members (sharing the lazy loader)."""
-    shadowed = tuple(_as_scheduler_spec(s) for s in spec.shadowed)
-    if isinstance(spec, SchedulerSpec) and all(a is b for a, b in zip(shadowed, spec.shadowed, strict=True)):
-        return spec
-    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(OptimizerSpec) if f.init and f.name != "_lock"}
-    new = SchedulerSpec(**{**fields, "shadowed": shadowed, "kind": "scheduler"})
-    if "target" in spec.__dict__:
-        new.__dict__["target"] = spec.__dict__["target"]
-    return new
-
-
 def _torch_specs() -> list[SchedulerSpec]:
     from torch.optim import lr_scheduler as tls
 
@@ -195,6 +181,7 @@ SCHEDULERS = _SchedulerRegistry(
     [_torch_specs, _builtin_specs],
     not_found=SchedulerNotFoundError,
     validate=_validate_scheduler_target,
+    spec_class=SchedulerSpec,
 )
 
 
@@ -203,12 +190,12 @@ def resolve_scheduler(name: Any) -> SchedulerSpec:
     """The :class:`SchedulerSpec` for ``name`` (a name, ``"torch:StepLR"``,
     ``"optcore:cosine"``, ``"pkg.mod:Class"``, or a class); raises
     :class:`SchedulerNotFoundError` with the closest names if none."""
-    return _as_scheduler_spec(SCHEDULERS.resolve(name))
+    return SCHEDULERS.resolve(name)  # type: ignore[return-value]
 
 
 def list_schedulers(all: bool = False) -> list[SchedulerSpec]:
     """Every resolvable scheduler name once (``all=True``: shadowed providers too)."""
-    return [_as_scheduler_spec(s) for s in SCHEDULERS.list(all=all)]
+    return SCHEDULERS.list(all=all)  # type: ignore[return-value]
 
 
 def register_scheduler(
@@ -267,16 +254,8 @@ def build_scheduler(config: Any, optimizer: torch.optim.Optimizer, num_training_
             target=spec.name,
         )
     _warn_about_combination(spec, kwargs, optimizer)
-    try:
+    with rejected_config(spec, (ValueError, TypeError, KeyError, ZeroDivisionError)):
         return _construct(spec, optimizer, kwargs)
-    except OptcoreError:
-        raise
-    except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
-        raise ConfigError(
-            f"{spec.qualified} rejected its configuration: {exc}",
-            problems=[("<constructor>", str(exc))],
-            target=spec.name,
-        ) from exc
 
 
 def validate_scheduler_config(
@@ -298,39 +277,9 @@ def validate_scheduler_config(
 
 
 def _scheduler_config(config: Any) -> dict[str, Any]:
-    if isinstance(config, (str, type)) or (
-        callable(config) and not isinstance(config, Mapping) and not hasattr(config, "model_dump")
-    ):
-        return {"type": config}
-    plain = to_plain(config)
-    if not isinstance(plain, Mapping):
-        raise ConfigError(
-            f"A scheduler config must be a mapping with a 'type' key (or a type name), got "
-            f"{type(config).__name__}: {config!r}.",
-            problems=[("<config>", "not a mapping")],
-        )
-    plain = dict(plain)
-    if "type" not in plain:
-        for key in ("lr_scheduler", "scheduler"):
-            if isinstance(plain.get(key), (Mapping, str)):
-                return _scheduler_config(plain[key])
-        raise ConfigError(
-            "The scheduler config has no 'type' key: say which schedule to build, e.g. "
-            f"{{'type': 'cosine', 'warmup_steps': 500}}. Keys given: {sorted(plain)}.",
-            problems=[("type", "missing")],
-        )
+    plain = typed_config(config, "scheduler", ("lr_scheduler", "scheduler"), "{'type': 'cosine', 'warmup_steps': 500}")
     for key in KWARGS_KEYS:
-        extra = plain.pop(key, None)
-        if not extra:
-            continue
-        extra = parse_optim_args(extra) if isinstance(extra, str) else dict(extra)
-        clash = sorted(set(extra) & set(plain))
-        if clash:
-            raise ConfigError(
-                f"{clash} given both in {key} and in the config; keep one.",
-                problems=[(k, "given twice") for k in clash],
-            )
-        plain.update(extra)
+        merge_kwargs(plain, key)
     return plain
 
 

@@ -214,7 +214,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from ._registry import list_optimizers, resolve
+    from ._registry import list_optimizers
 
     if args.all:
         out = {}

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from optcore import ConfigError, ContractMixin
+from optcore import ConfigError, ContractMixin, by_device_and_dtype, total_grad_norm
 
 from .loss_scaler import DynamicLossScaler
 from .schemas import LossScalerConfig
@@ -77,13 +77,6 @@ class ParamGroupView(MutableMapping[str, Any]):
         return f"ParamGroupView({ {k: v for k, v in self.items() if k != 'params'} }, {len(self._params)} params)"
 
 
-def _by_device_and_dtype(tensors: Sequence[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[Tensor]]:
-    buckets: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
-    for t in tensors:
-        buckets.setdefault((t.device, t.dtype), []).append(t)
-    return buckets
-
-
 def is_contract(optimizer: Any) -> bool:
     return isinstance(optimizer, ContractMixin)
 
@@ -93,7 +86,7 @@ def non_finite(tensors: Sequence[Tensor], unscale: float = 1.0) -> bool:
     device and dtype (torch's AMP kernel), which also multiplies them by
     ``unscale`` in the same pass. One host sync."""
     found = []
-    for (device, _), bucket in _by_device_and_dtype(tensors).items():
+    for (device, _), bucket in by_device_and_dtype(tensors).items():
         flag = torch.zeros(1, dtype=torch.float32, device=device)
         factor = torch.full((1,), unscale, dtype=torch.float32, device=device)
         torch._amp_foreach_non_finite_check_and_unscale_(bucket, flag, factor)
@@ -249,13 +242,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
         grads = self._model_grads()
         if not grads:
             return torch.zeros(())
-        norms = [
-            torch.linalg.vector_norm(torch.stack(torch._foreach_norm(bucket, 2.0, dtype=torch.float32)), 2.0)
-            for bucket in _by_device_and_dtype(grads).values()
-        ]
-        first = norms[0].device
-        total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
-        total = total * (self._multiply_factor / self._current_grads_scale())
+        total = total_grad_norm(grads) * (self._multiply_factor / self._current_grads_scale())
         if aggregate_norm_fn is not None:
             total = aggregate_norm_fn(total)
         finite = bool(torch.isfinite(total))
@@ -333,7 +320,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
                 target=type(self).__name__,
             )
         if scale != 1.0:
-            for bucket in _by_device_and_dtype(grads()).values():
+            for bucket in by_device_and_dtype(grads()).values():
                 torch._foreach_mul_(bucket, 1.0 / scale)
         self.optimizer.step()
 
@@ -349,7 +336,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
                 else:
                     p.grad.detach_().requires_grad_(False)
                     grads.append(p.grad)
-        for bucket in _by_device_and_dtype(grads).values():
+        for bucket in by_device_and_dtype(grads).values():
             torch._foreach_zero_(bucket)
         self._reset_cycle()
 
