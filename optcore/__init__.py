@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Optimizer": "._contract",
     "ContractMixin": "._contract",
+    "GroupSelector": "._contract",
     "by_device_and_dtype": "._contract",
     "total_grad_norm": "._contract",
     "adapt": "._adapt",

@@ -14,7 +14,7 @@ from typing import Annotated
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from optcore._schema import LR, Beta, Flag, HParams, Literalish, WeightDecay
+from optcore import LR, Beta, Flag, HParams, Literalish, WeightDecay
 
 _SCHEDULER_NOTE = (
     "An external LR scheduler needs relative_step=False and scale_parameter=False "

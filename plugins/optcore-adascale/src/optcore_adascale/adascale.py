@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from optcore import ConfigError, Optimizer, validate_hparams
-from optcore._contract import GroupSelector
+from optcore import GroupSelector
 
 from ._config import AdaScaleSGDConfig
 

@@ -21,12 +21,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from optcore import ConfigError, ContractMixin, by_device_and_dtype, total_grad_norm
+from optcore import ConfigError, ContractMixin, GroupSelector, by_device_and_dtype, total_grad_norm
 
 from .loss_scaler import DynamicLossScaler
 from .schemas import LossScalerConfig
 
-GroupSelector = Sequence[int | str] | int | str | None
 
 _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from optcore._schema import HParams, Literalish
+from optcore import HParams, Literalish
 
 Precision = Literal["fp16", "bf16"]
 

@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
-from optcore import ConfigError, HParams, Optimizer, validate_hparams
-from optcore._schema import LR, Betas, Flag, OptionalFlag, WeightDecay
+from optcore import LR, Betas, ConfigError, Flag, HParams, OptionalFlag, Optimizer, WeightDecay, validate_hparams
 from pydantic import Field
 from torch import Tensor
 
