@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 import optcore  # noqa: E402
-from optcore.schedules import BUILTINS  # noqa: E402
+from optcore.schedulers import BUILTINS  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent
 IMG = DOCS / "img" / "schedules"

@@ -18,7 +18,7 @@ from ._errors import (
     SchedulerNotFoundError,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # public name -> module that defines it
 _LAZY = {
@@ -53,16 +53,16 @@ _LAZY = {
     "hookimpl": "._hooks",
     "hookspec": "._hooks",
     "get_plugin_manager": "._hooks",
-    "build_scheduler": "._schedulers",
+    "build_scheduler": ".schedulers",
     "build": "._build",
-    "register_scheduler": "._schedulers",
-    "resolve_scheduler": "._schedulers",
-    "list_schedulers": "._schedulers",
-    "unregister_scheduler": "._schedulers",
-    "validate_scheduler_config": "._schedulers",
-    "SchedulerSpec": "._schedulers",
-    "add_args": "._args",
-    "config_from_args": "._args",
+    "register_scheduler": ".schedulers",
+    "resolve_scheduler": ".schedulers",
+    "list_schedulers": ".schedulers",
+    "unregister_scheduler": ".schedulers",
+    "validate_scheduler_config": ".schedulers",
+    "SchedulerSpec": ".schedulers",
+    "add_args": ".integrations.argparse",
+    "config_from_args": ".integrations.argparse",
 }
 
 __all__ = [

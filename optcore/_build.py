@@ -220,7 +220,7 @@ def build(config: Any, model: Any, num_training_steps: int | None = None) -> tup
     sched_cfg = plain.get("lr_scheduler", plain.get("scheduler"))
     if sched_cfg is None:
         return optimizer, None
-    from ._schedulers import build_scheduler
+    from .schedulers import build_scheduler
 
     total = num_training_steps if num_training_steps is not None else plain.get("num_training_steps")
     return optimizer, build_scheduler(sched_cfg, optimizer, num_training_steps=total)

@@ -30,7 +30,7 @@ def _flags(spec: Any) -> dict[str, bool]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     if args.schedulers:
-        from ._schedulers import list_schedulers
+        from .schedulers import list_schedulers
 
         specs = list_schedulers(all=args.all)
     else:
@@ -101,7 +101,7 @@ def describe(name: str, scheduler: bool = False) -> dict[str, Any]:
             except SchedulerNotFoundError:
                 raise exc from None
     if scheduler:
-        from ._schedulers import resolve_scheduler
+        from .schedulers import resolve_scheduler
 
         spec = resolve_scheduler(name)
     else:
@@ -177,7 +177,7 @@ def check_config(data: Any) -> list[str]:
     for kind, cfg in configs:
         try:
             if kind == "lr_scheduler":
-                from ._schedulers import validate_scheduler_config
+                from .schedulers import validate_scheduler_config
 
                 validate_scheduler_config(cfg, total)
                 continue
@@ -218,7 +218,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     if args.all:
         out = {}
-        from ._schedulers import list_schedulers
+        from .schedulers import list_schedulers
 
         for spec in [*list_optimizers(), *list_schedulers()]:
             try:
@@ -240,7 +240,7 @@ def describe_schema(name: str) -> dict[str, Any]:
     try:
         return resolve(name).schema.model_json_schema()
     except OptimizerNotFoundError:
-        from ._schedulers import resolve_scheduler
+        from .schedulers import resolve_scheduler
 
         return resolve_scheduler(name).schema.model_json_schema()
 

@@ -12,8 +12,8 @@ import torch
 import optcore
 from optcore import ConfigError, PluginLoadError, SchedulerNotFoundError
 from optcore._plugins import refresh
-from optcore._schedulers import SchedulerSpec, unregister_scheduler
-from optcore.schedules import BUILTINS
+from optcore.schedulers import SchedulerSpec, unregister_scheduler
+from optcore.schedulers import BUILTINS
 
 HF_NAMES = [
     "linear",
@@ -156,7 +156,7 @@ def test_bad_fields_are_config_errors_naming_each_field():
 
 
 def test_validate_scheduler_config_builds_nothing():
-    from optcore._schedulers import validate_scheduler_config
+    from optcore.schedulers import validate_scheduler_config
 
     spec, kwargs = validate_scheduler_config({"type": "cosine", "num_warmup_steps": 3}, num_training_steps=10)
     assert spec.name == "cosine" and kwargs == {"warmup_steps": 3, "num_training_steps": 10, "num_cycles": 0.5}
@@ -167,7 +167,7 @@ def test_validate_scheduler_config_builds_nothing():
 
 
 def test_direct_construction_validates_too():
-    from optcore.schedules import CosineSchedule
+    from optcore.schedulers.cosine import CosineSchedule
 
     with pytest.raises(ConfigError):
         CosineSchedule(sgd(), num_training_steps=0)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import optcore
-from optcore.schedules import BUILTINS
+from optcore.schedulers import BUILTINS
 
 transformers_optimization = pytest.importorskip("transformers.optimization")
 

@@ -5,7 +5,7 @@ this order:
 
 1. ``torch.optim.lr_scheduler`` classes (``StepLR``, ``OneCycleLR``,
    ``ReduceLROnPlateau``, which is also transformers' ``reduce_lr_on_plateau``);
-2. the built-in named schedules of :mod:`optcore.schedules` (transformers' and
+2. the built-in named schedules of :mod:`optcore.schedulers.builtin` (transformers' and
    fairseq's names);
 3. ``register_scheduler`` in user code, then entry points in group
    ``optcore.schedulers`` (a plugin is imported when one of its names is asked
@@ -29,12 +29,15 @@ from typing import Any
 
 import torch
 
-from ._config import merge_kwargs, typed_config
-from ._errors import ConfigError, SchedulerNotFoundError, rejected_config
-from ._plugins import SCHEDULERS_GROUP
-from ._registry import Registry
-from ._schema import validate_hparams
-from ._spec import OptimizerSpec
+from .._config import merge_kwargs, typed_config
+from .._errors import ConfigError, SchedulerNotFoundError, rejected_config
+from .._plugins import SCHEDULERS_GROUP
+from .._registry import Registry
+from .._schema import validate_hparams
+from .._spec import OptimizerSpec
+from .._version import __version__
+from ._torch import NON_DECAYING, TOTAL_FIELDS, construct, scale_absolute_lrs, torch_scheduler_names, torch_schema
+from .builtin import BUILTINS
 
 #: The spellings of the warm-up length; a schedule's schema has at most one.
 WARMUP_KEYS = ("warmup_steps", "num_warmup_steps", "warmup_updates")
@@ -64,7 +67,6 @@ class SchedulerSpec(OptimizerSpec):
         declared = getattr(self.target, "config_schema", None)
         if declared is not None:
             return declared
-        from .schedules._torch import torch_schema
 
         return torch_schema(self.target)
 
@@ -85,7 +87,6 @@ class SchedulerSpec(OptimizerSpec):
         declared = getattr(self.target, "total_field", None)
         if isinstance(declared, str):
             return declared
-        from .schedules._torch import TOTAL_FIELDS
 
         if self.source == "torch" and self.name in TOTAL_FIELDS:
             return TOTAL_FIELDS[self.name][0]
@@ -109,7 +110,6 @@ class SchedulerSpec(OptimizerSpec):
         flag = self._flag("decays")
         if flag is not None:
             return flag
-        from .schedules._torch import NON_DECAYING
 
         return not (self.source == "torch" and self.name in NON_DECAYING)
 
@@ -122,7 +122,6 @@ class SchedulerSpec(OptimizerSpec):
 def _torch_specs() -> list[SchedulerSpec]:
     from torch.optim import lr_scheduler as tls
 
-    from .schedules._torch import torch_scheduler_names
 
     return [
         SchedulerSpec(
@@ -138,8 +137,6 @@ def _torch_specs() -> list[SchedulerSpec]:
 
 
 def _builtin_specs() -> list[SchedulerSpec]:
-    from . import __version__
-    from .schedules import BUILTINS
 
     return [
         SchedulerSpec(
@@ -310,7 +307,6 @@ def _normalise_keys(spec: SchedulerSpec, cfg: dict[str, Any], call_total: int | 
                 )
             cfg[total] = alias
     if total is not None and call_total is not None:
-        from .schedules._torch import TOTAL_FIELDS
 
         replaced_by = TOTAL_FIELDS.get(spec.name, ("", ()))[1] if spec.source == "torch" else ()
         if cfg.get(total) is None and not any(k in cfg for k in replaced_by):
@@ -376,7 +372,6 @@ def _warn_about_combination(spec: SchedulerSpec, kwargs: dict[str, Any], optimiz
 def _construct(spec: SchedulerSpec, optimizer: torch.optim.Optimizer, kwargs: dict[str, Any]) -> Any:
     target = spec.target
     if spec.source == "torch":
-        from .schedules._torch import construct, scale_absolute_lrs
 
         kwargs = scale_absolute_lrs(spec.name, kwargs, optimizer)
         return construct(target, optimizer, kwargs, lambda sub: build_scheduler(sub, optimizer))

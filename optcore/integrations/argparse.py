@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = ["add_args", "config_from_args"]
 
@@ -237,7 +237,7 @@ def _selector_help(kind: str, fallback: str | None) -> str:
 def _add_fields(parser: argparse.ArgumentParser, kind: str, name: str, prefix: str) -> _Chosen:
     """Phase two: one argument group with a flag per schema field."""
     if kind == "optimizer":
-        from ._registry import resolve
+        from .._registry import resolve
 
         spec = resolve(name)
         if spec.is_wrapper:
@@ -247,7 +247,7 @@ def _add_fields(parser: argparse.ArgumentParser, kind: str, name: str, prefix: s
                 problems=[("optimizer", "is a wrapper")],
             )
     else:
-        from ._schedulers import resolve_scheduler
+        from ..schedulers import resolve_scheduler
 
         spec = resolve_scheduler(name)
     _, _, title, _ = _SELECTORS[kind]
@@ -316,8 +316,8 @@ def _plain(value: Any) -> Any:
 
 
 def _validated_optimizer(name: str, values: dict[str, Any], full: bool) -> dict[str, Any]:
-    from ._registry import resolve
-    from ._schema import validate_hparams
+    from .._registry import resolve
+    from .._schema import validate_hparams
 
     spec = resolve(name)
     checked = validate_hparams(spec.schema, values, spec.name)
@@ -325,7 +325,7 @@ def _validated_optimizer(name: str, values: dict[str, Any], full: bool) -> dict[
 
 
 def _validated_scheduler(name: str, values: dict[str, Any], full: bool, total: int | None) -> dict[str, Any]:
-    from ._schedulers import resolve_scheduler, validate_scheduler_config
+    from ..schedulers import resolve_scheduler, validate_scheduler_config
 
     spec = resolve_scheduler(name)
     length = spec.total_field
@@ -513,7 +513,7 @@ def _bool(text: str) -> bool:
 
 
 def _literal(text: str) -> Any:
-    from ._schema import parse_literal  # ast.literal_eval: literals only, nothing runs
+    from .._schema import parse_literal  # ast.literal_eval: literals only, nothing runs
 
     return parse_literal(text)
 

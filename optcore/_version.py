@@ -1,0 +1,3 @@
+"""The version of optcore, in a module of its own so any layer may read it."""
+
+__version__ = "0.1.0"
