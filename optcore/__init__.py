@@ -49,6 +49,9 @@ _LAZY = {
     "register_optimizer": "._registry",
     "unregister_optimizer": "._registry",
     "build_optimizer": "._build",
+    "construct": "._build",
+    "plan": "._plan",
+    "BuildPlan": "._plan",
     "build_param_groups": "._params",
     "hookimpl": "._hooks",
     "hookspec": "._hooks",
@@ -91,7 +94,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ._adapt import adapt
-    from ._build import build, build_optimizer
+    from ._build import build, build_optimizer, construct
+    from ._plan import BuildPlan, plan
     from ._contract import ContractMixin, Optimizer
     from ._hooks import get_plugin_manager, hookimpl, hookspec
     from ._params import build_param_groups

@@ -14,11 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
-
-#: Keys of an optimizer config that the core interprets instead of the schema.
-WRAPPER_KEYS = ("precision", "memory_efficient", "loss_scaler")
-BUILD_KEYS = ("type", "param_groups", "optim_args", "no_decay")
-
+from ._schema import parse_optim_args
 
 def to_plain(config: Any) -> Any:
     """Recursively convert DictConfig / pydantic models into dicts and lists."""
@@ -78,8 +74,6 @@ def merge_kwargs(cfg: dict[str, Any], key: str) -> None:
     if not extra:
         return
     if isinstance(extra, str):
-        from ._schema import parse_optim_args
-
         extra = parse_optim_args(extra)
     elif isinstance(extra, Mapping):
         extra = dict(to_plain(extra))

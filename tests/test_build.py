@@ -140,7 +140,9 @@ def test_precision_without_plugin_is_a_clear_error(model, monkeypatch):
     try:
         with pytest.raises(optcore.ConfigError, match="optcore-fp16"):
             optcore.build_optimizer({"type": "AdamW", "precision": "fp16"}, model)
-        assert optcore.build_optimizer({"type": "AdamW", "precision": "fp32"}, model)
+        # The core gives no meaning to precision values, not even fp32: the key is the plugin's.
+        with pytest.raises(optcore.ConfigError, match="optcore-fp16"):
+            optcore.plan({"type": "AdamW", "precision": "fp32", "lr": 1e-3})
     finally:
         monkeypatch.delenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD")
         plugins.refresh()

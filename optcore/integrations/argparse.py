@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from .._errors import ConfigError
+from .._plan import plan
 
 __all__ = ["add_args", "config_from_args"]
 
@@ -316,12 +317,8 @@ def _plain(value: Any) -> Any:
 
 
 def _validated_optimizer(name: str, values: dict[str, Any], full: bool) -> dict[str, Any]:
-    from .._registry import resolve
-    from .._schema import validate_hparams
-
-    spec = resolve(name)
-    checked = validate_hparams(spec.schema, values, spec.name)
-    return {"type": name, **(checked if full else {k: checked[k] for k in values})}
+    checked = plan({"type": name, **values}).hparams  # the build's own validation
+    return {"type": name, **(dict(checked) if full else {k: checked[k] for k in values})}
 
 
 def _validated_scheduler(name: str, values: dict[str, Any], full: bool, total: int | None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from fp16_helpers import HalfSGD, adamw, data, loss_fn, mlp
 from optcore_fp16 import FP16Optimizer, MemoryEfficientFP16Optimizer
-from optcore_fp16.hooks import optcore_wrap_optimizer
+from optcore_fp16.hooks import optcore_rewrite_config
 
 import optcore
 from optcore import ConfigError
@@ -30,23 +30,39 @@ def half_sgd() -> Iterator[str]:
 
 
 # --------------------------------------------------------------------- hook
-def test_hook_picks_the_wrapper() -> None:
-    model = mlp(torch.float16)
-    assert optcore_wrap_optimizer(adamw(model), {}) is None
-    assert optcore_wrap_optimizer(adamw(model), {"precision": "fp32", "memory_efficient": None}) is None
-    wrapped = optcore_wrap_optimizer(adamw(model), {"precision": "fp16", "loss_scaler": {"init_scale": 32}})
-    assert isinstance(wrapped, FP16Optimizer) and wrapped.loss_scale == 32
-    wrapped = optcore_wrap_optimizer(HalfSGD(model.parameters()), {"precision": "fp16", "memory_efficient": True})
-    assert isinstance(wrapped, MemoryEfficientFP16Optimizer)
+def test_rewrite_turns_the_shorthand_into_the_wrapper_form() -> None:
+    assert optcore_rewrite_config({"type": "AdamW", "lr": 1e-3}) is None
+    assert optcore_rewrite_config({"type": "AdamW", "precision": "fp32", "memory_efficient": None}) == {"type": "AdamW"}
+    assert optcore_rewrite_config({"type": "AdamW", "lr": 1e-3, "precision": "fp16", "loss_scaler": {"init_scale": 32}}) == {
+        "type": "optcore-fp16:FP16Optimizer",
+        "optimizer": {"type": "AdamW", "lr": 1e-3},
+        "precision": "fp16",
+        "loss_scaler": {"init_scale": 32},
+    }
+    rewritten = optcore_rewrite_config({"type": "SGD", "precision": "bf16", "memory_efficient": True})
+    assert rewritten == {
+        "type": "optcore-fp16:MemoryEfficientFP16Optimizer",
+        "optimizer": {"type": "SGD"},
+        "precision": "bf16",
+    }
 
 
-def test_hook_rejects_stray_and_bad_options() -> None:
-    model = mlp(torch.float16)
+def test_rewrite_rejects_stray_and_bad_options() -> None:
     with pytest.raises(ConfigError, match="only apply to half-precision"):
-        optcore_wrap_optimizer(adamw(model), {"memory_efficient": True})
+        optcore_rewrite_config({"type": "AdamW", "memory_efficient": True})
     with pytest.raises(ConfigError) as err:
-        optcore_wrap_optimizer(adamw(model), {"precision": "fp8", "loss_scaler": {"scale_window": 0}})
+        optcore_rewrite_config({"type": "AdamW", "precision": "fp8", "loss_scaler": {"scale_window": 0}})
     assert {f for f, _ in err.value.problems} == {"precision", "loss_scaler.scale_window"}
+
+
+@needs_install
+def test_the_wrapper_form_is_left_alone_and_plans_alike() -> None:
+    wrapper_form = {"type": "FP16Optimizer", "optimizer": {"type": "AdamW"}, "precision": "bf16"}
+    assert optcore_rewrite_config(dict(wrapper_form)) is None
+    shorthand = optcore.plan({"type": "AdamW", "precision": "bf16"})
+    named = optcore.plan(wrapper_form)
+    assert [s.qualified for s in shorthand.chain] == [s.qualified for s in named.chain]
+    assert shorthand.param_dtype is named.param_dtype is torch.bfloat16
 
 
 # -------------------------------------------------------------------- build

@@ -105,6 +105,11 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
     supports_flat_params: ClassVar[bool] = False
     supports_memory_efficient_fp16: ClassVar[bool] = False
 
+    @classmethod
+    def param_dtype_for(cls, hparams: Mapping[str, Any]) -> torch.dtype:
+        """The dtype the model's parameters must have for this wrapper (``optcore.plan`` asks)."""
+        return torch.bfloat16 if hparams.get("precision") == "bf16" else torch.float16
+
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,

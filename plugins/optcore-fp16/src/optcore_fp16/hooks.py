@@ -1,30 +1,38 @@
-"""The ``optcore_wrap_optimizer`` hook: the shorthand precision keys.
+"""The precision shorthand, as a config rewrite (hook ``optcore_rewrite_config``).
 
 ``{"type": "AdamW", "lr": 3e-4, "precision": "fp16", "memory_efficient": false,
-"loss_scaler": {...}}`` — the core strips the three keys, builds AdamW, and
-asks its hook plugins to wrap the result; this one answers for fp16/bf16.
+"loss_scaler": {...}}`` becomes the wrapper form
+``{"type": "optcore-fp16:FP16Optimizer", "optimizer": {"type": "AdamW", "lr": 3e-4},
+"precision": "fp16", "loss_scaler": {...}}`` before the core resolves anything,
+so the shorthand and the wrapper form are one road, and the precision
+vocabulary lives here only (:class:`~optcore_fp16.schemas.PrecisionOptions`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+import optcore
 from optcore import ConfigError, hookimpl, validate_hparams
 
-from .fp16_optimizer import FP16Optimizer
-from .memory_efficient import MemoryEfficientFP16Optimizer
 from .schemas import PrecisionOptions
+
+#: The shorthand keys this plugin owns in an optimizer config.
+KEYS = tuple(PrecisionOptions.model_fields)
+_DISTRIBUTION = "optcore-fp16"
 
 
 @hookimpl
-def optcore_wrap_optimizer(optimizer: torch.optim.Optimizer, options: dict[str, Any]) -> torch.optim.Optimizer | None:
-    """FP16Optimizer (or MemoryEfficientFP16Optimizer with ``memory_efficient``)
-    around ``optimizer`` for ``precision`` fp16/bf16; ``None`` for fp32 or none."""
-    given = {k: v for k, v in options.items() if v is not None}
-    name = type(optimizer).__name__
-    opts = validate_hparams(PrecisionOptions, given, f"{name} (precision options)")
+def optcore_rewrite_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The wrapper form of a config with precision keys; ``None`` without them."""
+    given = {k: config[k] for k in KEYS if k in config}
+    if not given:
+        return None
+    if _is_wrapper(config.get("type")):
+        return None  # the wrapper form: precision and loss_scaler are the wrapper's own options
+    name = str(config.get("type"))
+    rest = {k: v for k, v in config.items() if k not in KEYS}
+    opts = validate_hparams(PrecisionOptions, {k: v for k, v in given.items() if v is not None}, f"{name} (precision options)")
     precision = opts["precision"]
     if precision in (None, "fp32"):
         stray = [k for k in ("memory_efficient", "loss_scaler") if given.get(k) not in (None, False)]
@@ -35,6 +43,27 @@ def optcore_wrap_optimizer(optimizer: torch.optim.Optimizer, options: dict[str, 
                 problems=[(k, "needs precision fp16 or bf16") for k in stray],
                 target=name,
             )
-        return None
-    wrapper = MemoryEfficientFP16Optimizer if opts["memory_efficient"] else FP16Optimizer
-    return wrapper(optimizer, loss_scaler=opts["loss_scaler"], precision=precision)
+        return rest
+    wrapper = "MemoryEfficientFP16Optimizer" if opts["memory_efficient"] else "FP16Optimizer"
+    out: dict[str, Any] = {"type": f"{_DISTRIBUTION}:{wrapper}", "optimizer": rest, "precision": precision}
+    if given.get("loss_scaler") is not None:
+        out["loss_scaler"] = given["loss_scaler"]
+    return out
+
+
+@hookimpl
+def optcore_config_keys() -> dict[str, Any]:
+    """JSON Schema of the shorthand keys, for exported config-file schemas."""
+    props = PrecisionOptions.model_json_schema()
+    defs = props.get("$defs", {})
+    out = {}
+    for key, schema in props.get("properties", {}).items():
+        out[key] = {**schema, "$defs": defs} if defs and "$ref" in str(schema) else schema
+    return out
+
+
+def _is_wrapper(type_name: Any) -> bool:
+    try:
+        return optcore.resolve(type_name).is_wrapper
+    except optcore.OptcoreError:
+        return False  # the core reports a bad type with its own message
