@@ -39,8 +39,9 @@ class OptcoreHookSpecs:
 
     @hookspec
     def optcore_config_keys(self) -> dict[str, Any] | None:
-        """The top-level optimizer-config keys this plugin adds, as
-        ``{key: JSON Schema}``, for exported config-file schemas and docs."""
+        """The top-level optimizer-config keys this plugin adds, as the JSON
+        Schema of an object (``{"properties": {...}, "$defs": {...}}``), for
+        exported config-file schemas and docs."""
 
     @hookspec
     def optcore_param_group_policies(self, model: Any, config: dict[str, Any]) -> list[dict[str, Any]] | None:

@@ -344,3 +344,13 @@ def test_every_installed_scheduler_gets_flags():
             parser = argparse.ArgumentParser()
             optcore.add_args(parser, argv)
             assert f"lr scheduler ({spec.name})" in parser.format_help()
+
+
+def test_add_args_reads_the_list_given_to_parse_args(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["train.py"])  # nothing there: the list handed to parse_args counts
+    parser = argparse.ArgumentParser()
+    optcore.add_args(parser, scheduler=False)
+    args = parser.parse_args(["--optimizer", "sgd", "--momentum", "0.9", "--nesterov"])
+    assert optcore.config_from_args(args) == {"type": "sgd", "momentum": 0.9, "nesterov": True}
+    again = parser.parse_args(["--optimizer", "sgd", "--momentum", "0.5"])  # a second parse reuses the fields
+    assert optcore.config_from_args(again)["momentum"] == 0.5

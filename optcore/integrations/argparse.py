@@ -85,8 +85,9 @@ def add_args(
 ) -> argparse.ArgumentParser:
     """Add ``--optimizer NAME`` and the chosen optimizer's flags to ``parser``.
 
-    ``argv`` is the command line to look for ``--optimizer`` in (default
-    ``sys.argv[1:]``; pass the same list to ``parser.parse_args``). With
+    ``argv`` is the command line to look for ``--optimizer`` in. Without it,
+    the flags are added when ``parser`` parses, from the list handed to
+    ``parse_args`` (or ``sys.argv[1:]``). With
     ``default``, that optimizer's flags are added when the command line names
     none; without one, ``--optimizer`` is required.
 
@@ -106,9 +107,8 @@ def add_args(
     :class:`~optcore.SchedulerNotFoundError` for a name that resolves nowhere.
     Returns ``parser``.
     """
-    chosen = _probe(parser, argv, {"optimizer": default, "lr_scheduler": default_scheduler}, scheduler)
-    records: list[_Chosen] = []
-    for kind in ("optimizer", "lr_scheduler") if scheduler else ("optimizer",):
+    kinds = ("optimizer", "lr_scheduler") if scheduler else ("optimizer",)
+    for kind in kinds:
         flag, dest, _, what = _SELECTORS[kind]
         if flag in parser._option_string_actions:
             raise ValueError(
@@ -124,10 +124,38 @@ def add_args(
             required=kind == "optimizer" and fallback is None,
             help=_selector_help(kind, fallback),
         )
-        name = chosen.get(kind)
-        records.append(_Chosen(kind, None, ()) if name is None else _add_fields(parser, kind, name, prefix))
-    parser.set_defaults(**{_META: tuple(records)})
+    defaults = {"optimizer": default, "lr_scheduler": default_scheduler}
+    if argv is not None:
+        _add_chosen_fields(parser, argv, defaults, kinds, prefix)
+        return parser
+    # No argv: the fields are added when the parser parses, from the list it is
+    # given (parse_args(["--optimizer", "lion", ...])) or else sys.argv.
+    original = parser.parse_known_args
+
+    def parse_known_args(args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        if getattr(parser, _META, None) is None:
+            _add_chosen_fields(parser, sys.argv[1:] if args is None else args, defaults, kinds, prefix)
+        return original(args, namespace)
+
+    setattr(parser, _META, None)
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
     return parser
+
+
+def _add_chosen_fields(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str],
+    defaults: dict[str, str | None],
+    kinds: tuple[str, ...],
+    prefix: str,
+) -> None:
+    chosen = _probe(parser, argv, defaults, "lr_scheduler" in kinds)
+    records = [
+        _Chosen(kind, None, ()) if chosen.get(kind) is None else _add_fields(parser, kind, chosen[kind], prefix)  # type: ignore[arg-type]
+        for kind in kinds
+    ]
+    setattr(parser, _META, tuple(records))
+    parser.set_defaults(**{_META: tuple(records)})
 
 
 def config_from_args(

@@ -53,13 +53,8 @@ def optcore_rewrite_config(config: dict[str, Any]) -> dict[str, Any] | None:
 
 @hookimpl
 def optcore_config_keys() -> dict[str, Any]:
-    """JSON Schema of the shorthand keys, for exported config-file schemas."""
-    props = PrecisionOptions.model_json_schema()
-    defs = props.get("$defs", {})
-    out = {}
-    for key, schema in props.get("properties", {}).items():
-        out[key] = {**schema, "$defs": defs} if defs and "$ref" in str(schema) else schema
-    return out
+    """JSON Schema of the shorthand keys (an object schema), for exported config-file schemas."""
+    return PrecisionOptions.model_json_schema()
 
 
 def _is_wrapper(type_name: Any) -> bool:

@@ -1,0 +1,78 @@
+"""The ``optcore`` command: list, show, check, schema, and the applications
+(compare, train, memory) registered by :mod:`optcore.compare`.
+
+``optcore --help`` imports neither torch nor pydantic: each subcommand imports
+what it needs when it runs. Output is a rich table on a terminal, plain
+aligned text when piped, and JSON with ``--json``; an error is one message on
+stderr (no traceback) and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .._errors import OptcoreError
+from ._check import check_config, cmd_check
+from ._files import cmd_schema, config_file_schema, optimizer_file_schema
+from ._list import cmd_list
+from ._show import cmd_show, describe
+
+__all__ = ["build_parser", "check_config", "config_file_schema", "describe", "main", "optimizer_file_schema"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="optcore", description="Pick, configure and extend PyTorch optimizers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list every optimizer (or scheduler) name and where it comes from")
+    p.add_argument("--all", action="store_true", help="also list shadowed providers, with capability flags")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--schedulers", action="store_true", help="list LR schedulers instead")
+    p.add_argument(
+        "--flags",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show capability flags (imports each class; default: with --all only)",
+    )
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="schema, defaults, capabilities and origin of one name; or a config's build plan")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--config", metavar="FILE", help="print the build plan of a JSON/YAML/TOML optimizer config instead")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--scheduler", action="store_true", help="NAME is a scheduler")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("check", help="validate a JSON/YAML/TOML config exactly as a build would (exit 1 on errors)")
+    p.add_argument("config")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("schema", help="JSON Schema of config files (for editor completion and CI checks)")
+    p.add_argument("name", nargs="?", help="one optimizer's config (with type, param_groups and plugin keys)")
+    p.add_argument("--all", action="store_true", help="the schema of every optcore config file (optimizer, run, compare)")
+    p.set_defaults(func=cmd_schema)
+
+    _add_applications(sub)
+    return parser
+
+
+def _add_applications(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from .. import _compare  # the main job: compare, train
+
+    _compare.add_commands(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except OptcoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""``optcore check FILE``: the build's own validation, without parameters.
+
+Every optimizer config in the file goes through :func:`optcore.plan` (the
+road every build takes), every scheduler config through
+:func:`optcore.validate_scheduler_config`; nothing is constructed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .._errors import OptcoreError
+
+
+def check_config(data: Any, *, allow_import_paths: bool | None = None) -> list[str]:
+    """Validate a config (optimizer alone, optimizer + lr_scheduler, or an
+    ``optcore compare`` file) exactly as a build would, without parameters or
+    constructing anything; return the error messages (empty when valid)."""
+    from .._config import to_plain  # pydantic and torch: imported when a check runs, not for --help
+    from .._plan import plan
+
+    errors: list[str] = []
+    plain = to_plain(data)
+    configs: list[tuple[str, Any]] = []
+    total = plain.get("num_training_steps") if isinstance(plain, dict) else None
+    if isinstance(plain, dict) and ("lr_scheduler" in plain or "scheduler" in plain):
+        configs = [("optimizer", plain.get("optimizer")), ("lr_scheduler", plain.get("lr_scheduler", plain.get("scheduler")))]
+    elif isinstance(plain, list) or (isinstance(plain, dict) and "configs" in plain):
+        from .._compare import entries_from_file  # an `optcore compare` file: a list of runs
+
+        try:
+            entries, options = entries_from_file(plain)
+        except OptcoreError as exc:
+            return [str(exc)]
+        total = options.get("num_training_steps", total)
+        for entry in entries:
+            configs.append(("optimizer", entry.get("optimizer", entry)))
+            if entry.get("lr_scheduler") is not None:
+                configs.append(("lr_scheduler", entry["lr_scheduler"]))
+    else:
+        configs = [("optimizer", plain)]
+    for kind, cfg in configs:
+        try:
+            if kind == "lr_scheduler":
+                from ..schedulers import validate_scheduler_config
+
+                validate_scheduler_config(cfg, total)
+            else:
+                plan(cfg, allow_import_paths=allow_import_paths)
+        except OptcoreError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .._config import load_config_file
+
+    try:
+        errors = check_config(load_config_file(args.config))
+    except OptcoreError as exc:
+        errors = [str(exc)]
+    if errors:
+        for e in errors:
+            print(e, file=sys.stderr)
+        return 1
+    print(f"{args.config}: OK")
+    return 0

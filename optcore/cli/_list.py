@@ -1,0 +1,66 @@
+"""``optcore list``: every name, where it comes from, what shadows what.
+
+Listing reads metadata only: torch's names, optcore's table of third-party
+packages and the plugins' entry points. No plugin or third-party module is
+imported unless capability flags are asked for (``--all`` or ``--flags``),
+since the flags are facts about the class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .._errors import OptcoreError
+from .._registry import list_optimizers
+from ._output import console, plain_table
+
+_FLAG_TITLE = "fp16-mem / scale / flat / groups"
+
+
+def _flags(spec: Any) -> dict[str, bool]:
+    try:
+        return spec.capabilities.as_dict()
+    except OptcoreError:
+        return {}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.schedulers:
+        from ..schedulers import list_schedulers
+
+        specs = list_schedulers(all=args.all)
+    else:
+        specs = list_optimizers(all=args.all)
+    flags = not args.schedulers and (args.flags if args.flags is not None else args.all)
+    rows = []
+    for spec in specs:
+        row = spec.describe()
+        if flags:
+            row["capabilities"] = _flags(spec)
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = ["name", "source", "provider", "select with", "shadows"] + ([_FLAG_TITLE] if flags else [])
+    cells = [
+        [r["name"], r["source"], r["provider"], r["qualified"], ", ".join(r["shadowed"])]
+        + ([" ".join("✓" if v else "·" for v in r["capabilities"].values())] if flags else [])
+        for r in rows
+    ]
+    title = f"optcore {'schedulers' if args.schedulers else 'optimizers'} ({len(rows)})"
+    if not sys.stdout.isatty():  # piped or redirected: every cell whole, nothing cut at 80 columns
+        print(title)
+        print(plain_table(header, cells))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in header:
+        table.add_column(col, overflow="fold")
+    for row_cells in cells:
+        table.add_row(*row_cells)
+    console().print(table)
+    return 0

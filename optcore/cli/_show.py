@@ -1,0 +1,143 @@
+"""``optcore show NAME`` (one name: its schema, flags, origin, other providers)
+and ``optcore show --config FILE`` (a config's build plan)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+from typing import Any
+
+from .._errors import OptcoreError, OptimizerNotFoundError, SchedulerNotFoundError
+from .._registry import resolve
+from ._output import console
+
+#: Implementation switches are listed after the hyper-parameters.
+_SWITCHES = ("maximize", "foreach", "differentiable", "fused", "capturable")
+
+
+def describe(name: str, scheduler: bool = False) -> dict[str, Any]:
+    """Everything ``optcore show`` prints, as data (the docs generator uses it too).
+    A name that is no optimizer is looked up as a scheduler."""
+    from ..schedulers import resolve_scheduler
+
+    if scheduler:
+        spec = resolve_scheduler(name)
+    else:
+        try:
+            spec = resolve(name)
+        except OptimizerNotFoundError as exc:
+            try:
+                return describe(name, scheduler=True)
+            except SchedulerNotFoundError:
+                raise exc from None
+    out = spec.describe()
+    out["description"] = description(spec.target)
+    out["providers"] = [{"provider": s.provider, "source": s.source, "type": s.qualified} for s in spec.shadowed]
+    out["fields"] = _schema_rows(spec.schema)
+    if not scheduler:
+        try:
+            out["capabilities"] = spec.capabilities.as_dict()
+        except OptcoreError:
+            out["capabilities"] = {}
+        if spec.source == "torch" and "fused" in spec.schema.model_fields:
+            out["implementation"] = (
+                "fused kernel by default where the params' device and dtype support it (CPU and CUDA float "
+                "tensors); foreach/for-loop when the config sets foreach or fused"
+            )
+        elif spec.source == "torch":
+            out["implementation"] = "torch's default (foreach on accelerators, for-loop on CPU)"
+    return out
+
+
+def description(target: Any) -> str:
+    """The first paragraph of the target's *own* docstring, else its module's.
+    An inherited docstring ("Base class for all optimizers.") describes
+    something else, so it is never used."""
+    own = vars(target).get("__doc__") if isinstance(target, type) else getattr(target, "__doc__", None)
+    if not own:
+        own = getattr(sys.modules.get(getattr(target, "__module__", "") or ""), "__doc__", None)
+    doc = inspect.cleandoc(own) if own else ""
+    return doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+
+
+def _schema_rows(schema: Any) -> list[dict[str, Any]]:
+    rows = []
+    ordered = sorted(schema.model_fields.items(), key=lambda item: item[0] in _SWITCHES)
+    for name, info in ordered:
+        constraints = [str(m) for m in info.metadata if type(m).__name__ not in ("BeforeValidator", "AfterValidator")]
+        rows.append(
+            {
+                "field": name,
+                "type": _type_name(info.annotation),
+                "default": "required" if info.is_required() else repr(info.default),
+                "constraints": ", ".join(constraints),
+                "description": info.description or "",
+            }
+        )
+    return rows
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) or str(annotation)
+    return text.replace("typing.", "").replace("NoneType", "None")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    if args.config:
+        return _show_plan(args)
+    if not args.name:
+        raise OptcoreError("optcore show needs a NAME (e.g. `optcore show AdamW`) or --config FILE.")
+    info = describe(args.name, scheduler=args.scheduler)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    from rich.table import Table
+
+    out = console()
+    out.print(f"[bold]{info['name']}[/bold]  ({info['source']}, {info['provider']}; select with {info['qualified']!r})")
+    if info.get("description"):
+        out.print(info["description"], highlight=False)
+    for other in info["providers"]:
+        out.print(f"Also provided by {other['provider']} ({other['source']}): type={other['type']!r}", highlight=False)
+    if info.get("capabilities"):
+        out.print("Capabilities: " + ", ".join(f"{k}={v}" for k, v in info["capabilities"].items()))
+    if info.get("implementation"):
+        out.print(f"Implementation: {info['implementation']}")
+    table = Table(title="hyper-parameters")
+    for col in ("field", "type", "default", "constraints", "description"):
+        table.add_column(col, overflow="fold")
+    for row in info["fields"]:
+        table.add_row(*(str(row[c]) for c in ("field", "type", "default", "constraints", "description")))
+    out.print(table)
+    return 0
+
+
+def _show_plan(args: argparse.Namespace) -> int:
+    """The build plan of a config file: what a build would resolve, validate and wrap."""
+    from .._config import load_config_file, to_plain
+    from .._plan import plan
+
+    data = to_plain(load_config_file(args.config))
+    optimizer = data.get("optimizer", data) if isinstance(data, dict) and "type" not in data else data
+    info = plan(optimizer).describe()
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    out = console()
+    level: dict[str, Any] | None = info
+    depth = 0
+    while level is not None:
+        pad = "  " * depth
+        out.print(f"{pad}[bold]{level['type']}[/bold] ({level['source']}, {level['provider']})", highlight=False)
+        for key, value in level["hparams"].items():
+            mark = "" if key in level["explicit"] else "  [dim](default)[/dim]"
+            out.print(f"{pad}  {key} = {value!r}{mark}", highlight=False)
+        for i, group in enumerate(level.get("param_groups", [])):
+            out.print(f"{pad}  param_groups[{i}]: {group}", highlight=False)
+        level = level.get("wraps")
+        if level is not None:
+            out.print(f"{pad}  wraps:")
+        depth += 2
+    return 0
