@@ -20,9 +20,9 @@ _SWITCHES = ("maximize", "foreach", "differentiable", "fused", "capturable")
 def describe(name: str, scheduler: bool = False) -> dict[str, Any]:
     """Everything ``optcore show`` prints, as data (the docs generator uses it too).
     A name that is no optimizer is looked up as a scheduler."""
-    from ..schedulers import resolve_scheduler
-
     if scheduler:
+        from ..schedulers import resolve_scheduler  # pydantic and torch's schedulers: only when asked
+
         spec = resolve_scheduler(name)
     else:
         try:
