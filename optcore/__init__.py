@@ -53,6 +53,7 @@ _LAZY = {
     "plan": "._plan",
     "BuildPlan": "._plan",
     "build_param_groups": "._params",
+    "unwrap": "._unwrap",
     "hookimpl": "._hooks",
     "hookspec": "._hooks",
     "get_plugin_manager": "._hooks",
@@ -102,3 +103,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ._registry import list_optimizers, register_optimizer, resolve, unregister_optimizer
     from ._schema import HParams, parse_literal, parse_optim_args, schema_from_signature, validate_hparams
     from ._spec import Capabilities, OptimizerSpec
+    from ._unwrap import unwrap
