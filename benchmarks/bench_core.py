@@ -3,7 +3,9 @@
     python benchmarks/bench_core.py [--sizes 10 100] [--repeats 15]
 
 Prints a markdown table. Step ratios are measured side by side in one process
-(interleaved, median of repeats); the bandwidth bound is bytes moved per step
+(interleaved, the order reversed every other round; ms/step is the median of
+the rounds, a ratio the median of the per-round ratios, each pair having run
+back to back under the same load); the bandwidth bound is bytes moved per step
 divided by the stream bandwidth (``a.add_(b)``, 12 bytes per element), sampled
 once per round between the timed steps and taken as the median of those rounds.
 """
@@ -27,9 +29,9 @@ import optcore
 from common import StreamProbe, transformer_shaped  # benchmarks/common.py
 
 
-def step_time(opts: dict[str, torch.optim.Optimizer], repeats: int, probe: StreamProbe) -> dict[str, float]:
-    """Median seconds per step of each optimizer, runs interleaved, with one
-    bandwidth sample from ``probe`` in every round."""
+def step_times(opts: dict[str, torch.optim.Optimizer], repeats: int, probe: StreamProbe) -> dict[str, list[float]]:
+    """Seconds of each optimizer's step, one sample per round, the optimizers
+    interleaved, with one bandwidth sample from ``probe`` in every round."""
     for opt in opts.values():
         for g in opt.param_groups:
             for p in g["params"]:
@@ -37,13 +39,14 @@ def step_time(opts: dict[str, torch.optim.Optimizer], repeats: int, probe: Strea
                     p.grad = torch.randn_like(p) * 1e-3
         opt.step()  # state allocation
     samples: dict[str, list[float]] = {k: [] for k in opts}
-    for _ in range(repeats):
+    order = list(opts.items())
+    for i in range(repeats):
         probe()
-        for name, opt in opts.items():
+        for name, opt in order if i % 2 == 0 else order[::-1]:  # neither of a pair always goes first
             t = time.perf_counter()
             opt.step()
             samples[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return samples
 
 
 def fresh(params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -105,7 +108,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads{load}\n")
     bandwidths = []
     print("| params | optimizer | variant | ms/step | x bound | ratio |")
     print("|---|---|---|---|---|---|")
@@ -124,16 +128,22 @@ def main() -> None:
                 "optcore default": optcore.build_optimizer(cfg, fresh(base)),
             }
             probe = StreamProbe()
-            t = step_time(opts, args.repeats, probe)
+            samples = step_times(opts, args.repeats, probe)
+            t = {k: statistics.median(v) for k, v in samples.items()}
+
+            def paired(a: str, b: str, samples: dict[str, list[float]] = samples) -> float:
+                """Median of the per-round ratios: each pair ran back to back, under the same load."""
+                return statistics.median(x / y for x, y in zip(samples[a], samples[b]))
+
             bw = probe.median()
             bandwidths.append(f"{n / 1e6:.0f}M {name} {bw / 1e9:.1f} (best {probe.best() / 1e9:.1f})")
             bound = n * bytes_per / bw
             del probe
             rows = [
                 ("torch fused", "1.00 (reference)"),
-                ("optcore fused", f"{t['optcore fused'] / t['torch fused']:.3f} vs torch fused (goal <= 1.02)"),
+                ("optcore fused", f"{paired('optcore fused', 'torch fused'):.3f} vs torch fused (goal <= 1.02)"),
                 ("torch default", "1.00 (reference)"),
-                ("optcore default", f"{t['optcore default'] / t['torch default']:.3f} vs torch default"
+                ("optcore default", f"{paired('optcore default', 'torch default'):.3f} vs torch default"
                  + (" (goal <= 0.4)" if name == "AdamW" else "")),
             ]
             for variant, ratio in rows:

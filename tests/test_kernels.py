@@ -62,6 +62,7 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 def _library_name(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, bytes]:
     """The file name (predictable: name and hash) and bytes of ``name``'s library,
     learned by building it in a scratch cache."""
+    _cc()
     scratch = tmp_path / "scratch"
     with monkeypatch.context() as m:
         m.setenv("OPTCORE_CACHE_DIR", str(scratch))
