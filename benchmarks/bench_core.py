@@ -3,8 +3,11 @@
     python benchmarks/bench_core.py [--sizes 10 100] [--repeats 15]
 
 Prints a markdown table. Step ratios are measured side by side in one process
-(interleaved, median of repeats); the bandwidth bound is bytes moved per step
-divided by the copy bandwidth measured in the same run.
+(interleaved, the order reversed every other round; ms/step is the median of
+the rounds, a ratio the median of the per-round ratios, each pair having run
+back to back under the same load); the bandwidth bound is bytes moved per step
+divided by the stream bandwidth (``a.add_(b)``, 12 bytes per element), sampled
+once per round between the timed steps and taken as the median of those rounds.
 """
 
 from __future__ import annotations
@@ -23,15 +26,12 @@ import torch
 
 import optcore
 
-from common import copy_bandwidth, transformer_shaped  # benchmarks/common.py
+from common import StreamProbe, transformer_shaped  # benchmarks/common.py
 
 
-
-
-
-
-def step_time(opts: dict[str, torch.optim.Optimizer], repeats: int) -> dict[str, float]:
-    """Median seconds per step of each optimizer, runs interleaved."""
+def step_times(opts: dict[str, torch.optim.Optimizer], repeats: int, probe: StreamProbe) -> dict[str, list[float]]:
+    """Seconds of each optimizer's step, one sample per round, the optimizers
+    interleaved, with one bandwidth sample from ``probe`` in every round."""
     for opt in opts.values():
         for g in opt.param_groups:
             for p in g["params"]:
@@ -39,12 +39,14 @@ def step_time(opts: dict[str, torch.optim.Optimizer], repeats: int) -> dict[str,
                     p.grad = torch.randn_like(p) * 1e-3
         opt.step()  # state allocation
     samples: dict[str, list[float]] = {k: [] for k in opts}
-    for _ in range(repeats):
-        for name, opt in opts.items():
+    order = list(opts.items())
+    for i in range(repeats):
+        probe()
+        for name, opt in order if i % 2 == 0 else order[::-1]:  # neither of a pair always goes first
             t = time.perf_counter()
             opt.step()
             samples[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return samples
 
 
 def fresh(params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -106,8 +108,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    bw = copy_bandwidth()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, copy bandwidth {bw / 1e9:.1f} GB/s\n")
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads{load}\n")
+    bandwidths = []
     print("| params | optimizer | variant | ms/step | x bound | ratio |")
     print("|---|---|---|---|---|---|")
     for millions in args.sizes:
@@ -117,7 +120,6 @@ def main() -> None:
             ("AdamW", torch.optim.AdamW, 28, {"lr": 1e-3}),
             ("SGD", torch.optim.SGD, 20, {"lr": 1e-3, "momentum": 0.9}),
         ):
-            bound = n * bytes_per / bw
             cfg = {"type": name, "no_decay": False, **kwargs}
             opts = {
                 "torch fused": cls(fresh(base), fused=True, **kwargs),
@@ -125,17 +127,30 @@ def main() -> None:
                 "torch default": cls(fresh(base), **kwargs),
                 "optcore default": optcore.build_optimizer(cfg, fresh(base)),
             }
-            t = step_time(opts, args.repeats)
+            probe = StreamProbe()
+            samples = step_times(opts, args.repeats, probe)
+            t = {k: statistics.median(v) for k, v in samples.items()}
+
+            def paired(a: str, b: str, samples: dict[str, list[float]] = samples) -> float:
+                """Median of the per-round ratios: each pair ran back to back, under the same load."""
+                return statistics.median(x / y for x, y in zip(samples[a], samples[b]))
+
+            bw = probe.median()
+            bandwidths.append(f"{n / 1e6:.0f}M {name} {bw / 1e9:.1f} (best {probe.best() / 1e9:.1f})")
+            bound = n * bytes_per / bw
+            del probe
             rows = [
                 ("torch fused", "1.00 (reference)"),
-                ("optcore fused", f"{t['optcore fused'] / t['torch fused']:.3f} vs torch fused (goal <= 1.02)"),
+                ("optcore fused", f"{paired('optcore fused', 'torch fused'):.3f} vs torch fused (goal <= 1.02)"),
                 ("torch default", "1.00 (reference)"),
-                ("optcore default", f"{t['optcore default'] / t['torch default']:.3f} vs torch default"
+                ("optcore default", f"{paired('optcore default', 'torch default'):.3f} vs torch default"
                  + (" (goal <= 0.4)" if name == "AdamW" else "")),
             ]
             for variant, ratio in rows:
                 print(f"| {n / 1e6:.0f}M | {name} | {variant} | {t[variant] * 1e3:.1f} | {t[variant] / bound:.2f} | {ratio} |")
             del opts
+    print("\nstream bandwidth a.add_(b), GB/s, median of the rounds interleaved with the steps: "
+          + "; ".join(bandwidths))
     cost = import_cost()
     first, again = plugin_resolution()
     print(f"\nimport optcore after import torch: {cost * 1e3:.1f} ms (goal <= 30 ms)")

@@ -2,7 +2,8 @@
 
 Each benchmark measures its ratios side by side in one process; the bound it
 prints is the bytes its step must move divided by :func:`stream_bandwidth`,
-measured in the same rounds as the timed steps.
+measured in the same rounds as the timed steps (:class:`StreamProbe` takes
+one sample per round).
 
 Why ``a.add_(b)`` and not ``dst.copy_(src)``: a copy also reads its destination
 before writing it (write-allocate), so counting 8 bytes per fp32 element for a
@@ -13,6 +14,7 @@ of them counted, the same access pattern as an optimizer's update.
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -35,7 +37,10 @@ def sync(device: str) -> None:
 
 
 def copy_bandwidth(device: str = "cpu", numel: int = 1 << 26, reps: int = 5) -> float:
-    """Best bytes per second of ``dst.copy_(src)``, counting the read and the write."""
+    """Best bytes per second of ``dst.copy_(src)``, counting the read and the write.
+
+    Superseded by :func:`stream_bandwidth` (see the module docstring); kept only
+    while other benchmarks still import it. Delete it when none do."""
     src, dst = torch.randn(numel, device=device), torch.empty(numel, device=device)
     dst.copy_(src)
     best = float("inf")
@@ -48,16 +53,40 @@ def copy_bandwidth(device: str = "cpu", numel: int = 1 << 26, reps: int = 5) -> 
     return 2 * 4 * numel / best
 
 
+class StreamProbe:
+    """The bandwidth bound, sampled one ``a.add_(b)`` at a time so a benchmark can
+    take its samples in the same rounds as its timed steps (interleaved): on a
+    shared machine the bound then sees the same load as the steps it bounds.
+
+    Each call times one in-place add over fp32 tensors of ``numel`` elements
+    (allocated once) and returns bytes per second, counting 12 bytes per element
+    (read a, read b, write a)."""
+
+    def __init__(self, device: str = "cpu", numel: int = 1 << 26) -> None:
+        self.device, self.numel = device, numel
+        self.a, self.b = torch.randn(numel, device=device), torch.randn(numel, device=device)
+        self.a.add_(self.b)  # first touch: page faults and lazy init are not bandwidth
+        self.samples: list[float] = []
+
+    def __call__(self) -> float:
+        sync(self.device)
+        start = time.perf_counter()
+        self.a.add_(self.b)
+        sync(self.device)
+        self.samples.append(12 * self.numel / (time.perf_counter() - start))
+        return self.samples[-1]
+
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    def best(self) -> float:
+        return max(self.samples)
+
+
 def stream_bandwidth(device: str = "cpu", numel: int = 1 << 26, reps: int = 5) -> float:
     """Best bytes per second of the in-place ``a.add_(b)`` over fp32 tensors of
     ``numel`` elements, counting 12 bytes per element (read a, read b, write a)."""
-    a, b = torch.randn(numel, device=device), torch.randn(numel, device=device)
-    a.add_(b)
-    best = float("inf")
+    probe = StreamProbe(device, numel)
     for _ in range(reps):
-        sync(device)
-        start = time.perf_counter()
-        a.add_(b)
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 12 * numel / best
+        probe()
+    return probe.best()
