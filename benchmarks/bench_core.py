@@ -13,6 +13,7 @@ once per round between the timed steps and taken as the median of those rounds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -106,7 +107,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=float, nargs="+", default=[10, 100], help="millions of parameters")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--json", metavar="PATH", help="also write the results (docs/figures.py renders the README from them)")
     args = parser.parse_args()
+    record: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": []}
+    if hasattr(os, "getloadavg"):
+        record["load_average"] = round(os.getloadavg()[0], 1)
     torch.set_num_threads(os.cpu_count() or 1)
     load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads{load}\n")
@@ -146,6 +151,18 @@ def main() -> None:
                 ("optcore default", f"{paired('optcore default', 'torch default'):.3f} vs torch default"
                  + (" (goal <= 0.4)" if name == "AdamW" else "")),
             ]
+            record["rows"].append(
+                {
+                    "params": n,
+                    "optimizer": name,
+                    "bytes_per_param": bytes_per,
+                    "bandwidth": bw,
+                    "ms": {k: v * 1e3 for k, v in t.items()},
+                    "x_bound": {k: v / bound for k, v in t.items()},
+                    "fused_ratio": paired("optcore fused", "torch fused"),
+                    "default_ratio": paired("optcore default", "torch default"),
+                }
+            )
             for variant, ratio in rows:
                 print(f"| {n / 1e6:.0f}M | {name} | {variant} | {t[variant] * 1e3:.1f} | {t[variant] / bound:.2f} | {ratio} |")
             del opts
@@ -156,6 +173,11 @@ def main() -> None:
     print(f"\nimport optcore after import torch: {cost * 1e3:.1f} ms (goal <= 30 ms)")
     print(f"resolve a plugin name among 50 entry-point distributions: first {first * 1e3:.2f} ms "
           f"(goal <= 5 ms), cached {again * 1e6:.0f} us")
+    record.update(import_ms=cost * 1e3, plugin_first_ms=first * 1e3, plugin_cached_us=again * 1e6)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
