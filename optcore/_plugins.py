@@ -11,16 +11,19 @@ every machine (the other is reported as shadowed). As with
 ``importlib.metadata``, the first distribution of a name on ``sys.path``
 wins, and an entry point is listed once.
 
-Why not ``importlib.metadata``: measured on the first look-up in a fresh
-process with 50 extra fake distributions on ``sys.path`` (~150 in all;
-median of 9, interleaved, importlib.metadata already imported; shared 2-core
-machine, load ~6): this module's text scan 6.6 ms (best 2.4),
-``entry_points(group=...)`` 19.6 ms (best 6.6), ``distributions()`` with a
-``read_text("entry_points.txt")`` pre-check 19.6 ms (best 8.6): the standard
-road costs ~13 ms more, over the ~5 ms we accept for it. Importing
-``importlib.metadata`` itself costs 55-100 ms there, and this scan never needs
-it unless a zipped distribution is on ``sys.path`` (missing entries such as
-``python311.zip`` are skipped, not handed to it).
+Why not ``importlib.metadata``: the first look-up of a group in a fresh
+process, after ``import torch, optcore`` (torch imports importlib.metadata
+already), with 50 extra fake distributions on ``sys.path`` (156 in all, 10
+fakes with optcore entry points), median of 7, routes interleaved, on a
+shared 2-core machine at load ~14 (``benchmarks/bench_discovery.py --fakes 50
+--runs 7``): this scan 11.3 ms; ``distributions()`` with a
+``read_text("entry_points.txt")`` pre-check 21.1 ms; ``entry_points(group=...)``
+25.1 ms (79.6 ms for the three optcore groups); ``entry_points()`` once, then
+``select`` 31.4 ms. The cheapest standard route costs ~10 ms more than this
+scan, over the ~5 ms we would pay to be on it, so the scan stays. Path
+entries that are missing (``python311.zip``) are skipped rather than handed
+to importlib.metadata, so a process without torch need not import it (55-100
+ms at that load).
 
 ``OPTCORE_DISABLE_PLUGIN_AUTOLOAD=1`` turns discovery off; ``OPTCORE_PLUGINS``
 (comma-separated distribution or entry-point names) keeps only those.

@@ -13,8 +13,9 @@ as ``shadowed``. A qualified name picks one place explicitly: a source
 
 A plain name that none of these tables has is then asked of the installed
 packages that keep a registry of their own (pytorch_optimizer, timm), which
-imports them; listing never does, except ``list(all=True)``. So a plugin
-name that only such a registry also has resolves to the plugin, unreported.
+imports them; listing does only when asked to (``ask_packages=True``). So a
+plugin name that only such a registry also has resolves to the plugin,
+unreported.
 
 A config is data, and a name in it must not run arbitrary code:
 
@@ -46,6 +47,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.optim import lr_scheduler
 
 from ._errors import ConfigError, OptimizerNotFoundError, printable, shown
 from ._names import MAX_NAME_LENGTH, close_matches, normalize
@@ -73,8 +75,6 @@ def import_paths_allowed(flag: bool | None = None) -> bool:
 def _importable_classes(kind: str) -> tuple[type, ...]:
     """The classes an import path may name, by registry kind."""
     if kind == "scheduler":
-        from torch.optim import lr_scheduler
-
         return (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)
     return (torch.optim.Optimizer,)
 
@@ -553,15 +553,19 @@ class Registry:
         return where
 
     # ---------------------------------------------------------------- listing
-    def list(self, all: bool = False) -> list[OptimizerSpec]:
+    def list(self, all: bool = False, ask_packages: bool = False) -> list[OptimizerSpec]:
         """Every resolvable name once (the winner, with ``shadowed``), or with
-        ``all=True`` every provider of every name, the names that only the
-        packages' own registries have included (which imports those packages)."""
+        ``all=True`` every provider of every name. ``ask_packages=True`` adds
+        the names that only the packages' own registries have (76 of
+        pytorch_optimizer's 128 here), which imports those packages."""
         index = self._index()
         if all:
-            extra = self.asked.every(index, kind=self.kind, reduce_to=self._reduce_to) if self.asked else []
-            return [spec for specs in index.values() for spec in specs] + extra
-        return [self._quiet_winner(specs) for specs in index.values()]
+            specs = [spec for specs in index.values() for spec in specs]
+        else:
+            specs = [self._quiet_winner(specs) for specs in index.values()]
+        if ask_packages and self.asked is not None:
+            specs += self.asked.every(index, kind=self.kind, reduce_to=self._reduce_to)
+        return specs
 
     def _quiet_winner(self, specs: list[OptimizerSpec]) -> OptimizerSpec:
         with warnings.catch_warnings():
@@ -700,11 +704,12 @@ OPTIMIZERS = Registry(
 )
 
 
-def list_optimizers(all: bool = False) -> list[OptimizerSpec]:
-    """Every resolvable optimizer name (``all=True``: shadowed providers too,
-    and the names that only the packages' own registries have, which imports
-    those packages). Without ``all``, nothing of a plugin or package is run."""
-    return OPTIMIZERS.list(all=all)
+def list_optimizers(all: bool = False, ask_packages: bool = False) -> list[OptimizerSpec]:
+    """Every resolvable optimizer name (``all=True``: shadowed providers too).
+    Nothing of a plugin or package is imported, unless ``ask_packages=True``
+    adds the names that only installed packages' own registries have
+    (pytorch_optimizer's ``Shampoo``, ...), which imports those packages."""
+    return OPTIMIZERS.list(all=all, ask_packages=ask_packages)
 
 
 def register_optimizer(name_or_target: Any = None, target: Any = None, *, schema: Any = None, override: bool = False) -> Any:

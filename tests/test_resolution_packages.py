@@ -53,12 +53,14 @@ def test_a_qualified_name_asks_the_named_packages_registry_even_with_import_path
     assert optcore.resolve("pytorch_optimizer:shampoo", allow_import_paths=False).target is pytorch_optimizer.Shampoo
 
 
-def test_list_all_has_the_registrys_names_and_plain_list_does_not():
-    plain = {s.qualified for s in optcore.list_optimizers()}
-    everything = {s.qualified for s in optcore.list_optimizers(all=True)}
-    assert "pytorch_optimizer:Shampoo" not in plain
-    assert {"pytorch_optimizer:Shampoo", "pytorch_optimizer:SophiaH", "pytorch_optimizer:A2Grad"} <= everything
-    assert len([q for q in everything if q.startswith("pytorch_optimizer:")]) >= 100
+def test_listing_asks_the_registries_only_when_told():
+    for all_ in (False, True):
+        plain = {s.qualified for s in optcore.list_optimizers(all=all_)}
+        everything = {s.qualified for s in optcore.list_optimizers(all=all_, ask_packages=True)}
+        assert "pytorch_optimizer:Shampoo" not in plain
+        assert {"pytorch_optimizer:Shampoo", "pytorch_optimizer:SophiaH", "pytorch_optimizer:A2Grad"} <= everything
+        assert len([q for q in everything if q.startswith("pytorch_optimizer:")]) >= 100
+        assert plain <= everything
 
 
 def test_listing_imports_no_third_party_package():
@@ -129,7 +131,7 @@ def test_timms_registry_is_asked_the_same_way(fake_timm):
         optcore.resolve("needsgpu")
     with pytest.raises(ConfigError, match="the builtin_function_or_method builtins.print, not a class"):
         optcore.resolve("notaclass")
-    qualified = {s.qualified for s in optcore.list_optimizers(all=True)}
+    qualified = {s.qualified for s in optcore.list_optimizers(ask_packages=True)}
     assert "timm.optim:FakeTimmOpt" in qualified and "timm.optim:needsgpu" not in qualified
 
 
