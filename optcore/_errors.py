@@ -12,6 +12,30 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+#: How much of a user- or plugin-supplied value a message shows.
+SHOWN_CHARS = 120
+
+
+def printable(text: Any, limit: int = SHOWN_CHARS) -> str:
+    """``text`` fit for a message: control characters and terminal escape
+    codes written as escapes (``\\x1b``), so a name cannot restyle or rewrite
+    the user's terminal, and cut to ``limit`` characters, so a 10 MB value
+    does not become a 10 MB message."""
+    text = text if isinstance(text, str) else str(text)
+    cut = len(text) > limit
+    head = text[:limit]
+    out = "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in head)
+    return out + f"... ({len(text):,} characters)" if cut else out
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """``value`` quoted as ``repr`` quotes a string (escapes included), cut to
+    ``limit`` characters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
+
 
 class OptcoreError(Exception):
     """Base class of every error optcore raises on purpose."""
@@ -35,13 +59,13 @@ class OptimizerNotFoundError(OptcoreError, KeyError):
         self.name = name
         self.searched = list(searched)
         self.suggestions = list(suggestions)
-        lines = [f"No {self.kind} named {name!r}."]
+        lines = [f"No {self.kind} named {shown(name)}."]
         if self.suggestions:
-            lines.append("Did you mean: " + ", ".join(self.suggestions) + "?")
+            lines.append("Did you mean: " + ", ".join(printable(s) for s in self.suggestions) + "?")
         if self.searched:
-            lines.append("Looked in: " + "; ".join(self.searched) + ".")
+            lines.append("Looked in: " + "; ".join(printable(s) for s in self.searched) + ".")
         if hint:
-            lines.append(hint)
+            lines.append(printable(hint, 4 * SHOWN_CHARS))
         else:
             lines.append(
                 f"Run `optcore list{' --schedulers' if self.kind == 'scheduler' else ''}` "
@@ -104,13 +128,15 @@ class PluginLoadError(OptcoreError, ImportError):
         self.version = version
         self.entry_point = entry_point
         self.cause = cause
-        dist = distribution or "<unknown distribution>"
+        # Every part comes from a plugin's metadata or code: escaped and cut.
+        dist = printable(distribution) if distribution else "<unknown distribution>"
         if version:
-            dist = f"{dist} {version}"
+            dist = f"{dist} {printable(version)}"
         detail = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else cause
         self.message = (
-            f"Plugin {dist} failed to load entry point {entry_point!r}: {detail}\n"
-            f"Reinstall or upgrade {distribution or 'the plugin'}, uninstall it, or set "
+            f"Plugin {dist} failed to load entry point {shown(entry_point, 2 * SHOWN_CHARS)}: "
+            f"{printable(detail, 4 * SHOWN_CHARS)}\n"
+            f"Reinstall or upgrade {printable(distribution) if distribution else 'the plugin'}, uninstall it, or set "
             "OPTCORE_PLUGINS to load only the plugins you need."
         )
         super().__init__(self.message)

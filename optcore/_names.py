@@ -5,6 +5,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+#: The longest ``type`` name resolution looks at. Real names are under 60
+#: characters (the longest import paths under 120); a longer one is refused
+#: before any work, as comparing a 10 MB name with every known one takes
+#: seconds.
+MAX_NAME_LENGTH = 200
+
 
 def normalize(name: str) -> str:
     """``"Adam_W"``, ``"adam-w"`` and ``"AdamW"`` are one name: ``"adamw"``."""

@@ -4,11 +4,45 @@ This is data, read without importing anything: a package's module is imported
 only when one of its names is built or described. A package that is not
 installed simply contributes nothing. The order is the resolution order among
 packages (API.md).
+
+``classes`` are the names listing shows without importing the package. A
+package with a registry of its own (pytorch_optimizer's
+``get_supported_optimizers()``, 128 names; timm's ``list_optimizers()``) is
+also asked for a plain name that none of optcore's tables has, and only then
+imported: ``ask_names`` lists the package's names, ``ask_class`` turns one of
+them into its class.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+
+def _pytorch_optimizer_names() -> list[str]:
+    import pytorch_optimizer
+
+    return list(pytorch_optimizer.get_supported_optimizers())
+
+
+def _pytorch_optimizer_class(name: str) -> Any:
+    import pytorch_optimizer
+
+    return pytorch_optimizer.load_optimizer(name)
+
+
+def _timm_names() -> list[str]:
+    from timm.optim import list_optimizers
+
+    return [n for n in list_optimizers() if isinstance(n, str)]
+
+
+def _timm_class(name: str) -> Any:
+    from timm.optim import get_optimizer_class
+
+    # The class itself: with its defaults bound, timm returns a partial.
+    return get_optimizer_class(name, bind_defaults=False)
 
 
 @dataclass(frozen=True)
@@ -16,6 +50,8 @@ class KnownPackage:
     distribution: str  # what `pip install` takes
     module: str  # where the classes live
     classes: tuple[str, ...]
+    ask_names: Callable[[], list[str]] | None = None  # the package's own registry (imports it)
+    ask_class: Callable[[str], Any] | None = None
 
     @property
     def top_level(self) -> str:
@@ -35,6 +71,8 @@ KNOWN_PACKAGES: tuple[KnownPackage, ...] = (
             "ScheduleFreeRAdam", "ScheduleFreeSGD", "SGDP", "SGDW", "SignSGD", "SM3", "SOAP",
             "StableAdamW", "Tiger", "Yogi",
         ),
+        _pytorch_optimizer_names,
+        _pytorch_optimizer_class,
     ),
     KnownPackage(
         "timm",
@@ -44,6 +82,8 @@ KNOWN_PACKAGES: tuple[KnownPackage, ...] = (
             "Lamb", "LaProp", "Lars", "Lion", "MADGRAD", "Mars", "NAdamW", "NvNovoGrad",
             "RMSpropTF", "SGDP", "SGDW",
         ),
+        _timm_names,
+        _timm_class,
     ),
     KnownPackage("transformers", "transformers.optimization", ("Adafactor",)),
     KnownPackage(

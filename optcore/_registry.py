@@ -10,28 +10,73 @@ as ``shadowed``. A qualified name picks one place explicitly: a source
 (``"torch:Adafactor"``, ``"user:MyOpt"``), a provider (``"optcore-lion:Lion"``,
 ``"optcore_lion:Lion"``, ``"pytorch_optimizer:Lion"``) or an import path
 (``"pkg.mod:Class"``, ``"pkg.mod.Class"``).
+
+A plain name that none of these tables has is then asked of the installed
+packages that keep a registry of their own (pytorch_optimizer, timm), which
+imports them; listing does only when asked to (``ask_packages=True``). So a
+plugin name that only such a registry also has resolves to the plugin,
+unreported.
+
+A config is data, and a name in it must not run arbitrary code:
+
+- an import path may name only a class of the registry's kind (a
+  ``torch.optim.Optimizer`` subclass; for schedulers an ``LRScheduler``
+  subclass or ``ReduceLROnPlateau``) or a factory that was registered or is
+  declared by an entry point. Anything else is a :class:`ConfigError`
+  raised here, before anything is called;
+- importing the named module runs its code, so import paths can be turned
+  off: ``allow_import_paths=False``, or ``OPTCORE_ALLOW_IMPORT_PATHS=0``
+  (``false``/``no``/``off``) when the keyword is ``None``. Then an import
+  path is a :class:`ConfigError` that says how to register the class, and no
+  module is imported;
+- a name longer than :data:`~optcore._names.MAX_NAME_LENGTH` is refused
+  before any work.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
+import inspect
+import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._errors import ConfigError, OptimizerNotFoundError, PluginLoadError
-from ._names import close_matches, normalize
+import torch
+from torch.optim import lr_scheduler
+
+from ._errors import ConfigError, OptimizerNotFoundError, printable, shown
+from ._names import MAX_NAME_LENGTH, close_matches, normalize
+from ._packages import KNOWN_PACKAGES, KnownPackage
 from ._plugins import OPTIMIZERS_GROUP, PluginEntry, entry_points
 from ._spec import OptimizerSpec
+from ._torch_facts import TORCH_FACTS
 
 SOURCES = ("torch", "package", "builtin", "plugin", "user")
+_OFF = {"0", "false", "no", "off"}
 
 
 class ShadowedNameWarning(UserWarning):
     """A plain name resolved to one provider while another one is installed."""
+
+
+def import_paths_allowed(flag: bool | None = None) -> bool:
+    """``flag``, or when it is ``None`` the ``OPTCORE_ALLOW_IMPORT_PATHS``
+    switch (allowed unless ``0``/``false``/``no``/``off``)."""
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get("OPTCORE_ALLOW_IMPORT_PATHS", "").strip().lower() not in _OFF
+
+
+def _importable_classes(kind: str) -> tuple[type, ...]:
+    """The classes an import path may name, by registry kind."""
+    if kind == "scheduler":
+        return (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)
+    return (torch.optim.Optimizer,)
 
 
 def _memo(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -45,15 +90,30 @@ def _memo(fn: Callable[[], Any]) -> Callable[[], Any]:
     return load
 
 
-def _import_attr(module: str, attr: str, distribution: str | None = None) -> Any:
+def _load_package_class(pkg: KnownPackage, attr: str) -> Any:
+    """A class of optcore's package table (a package, not a plugin: a failure
+    is the package's install, reported as a ConfigError naming it)."""
+    what = f"{pkg.module}:{attr}"
     try:
-        mod = importlib.import_module(module)
-    except Exception as exc:
-        raise PluginLoadError(distribution or module, f"{module}:{attr}", exc) from exc
-    try:
-        return getattr(mod, attr)
-    except AttributeError as exc:
-        raise PluginLoadError(distribution or module, f"{module}:{attr}", exc) from exc
+        mod = importlib.import_module(pkg.module)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ConfigError(
+            f"{what} is in optcore's table of {pkg.distribution}'s optimizers, and importing {pkg.module} failed "
+            f"({type(exc).__name__}: {printable(exc)}). Reinstall or upgrade {pkg.distribution}, or pick another "
+            "provider of the name (`optcore list --all`).",
+            problems=[("type", "package failed to import")],
+        ) from exc
+    obj = getattr(mod, attr, None)
+    if obj is None:
+        raise OptimizerNotFoundError(
+            what,
+            [f"module {pkg.module}"],
+            close_matches(attr, [n for n in vars(mod) if not n.startswith("_")]),
+            hint=f"The installed {pkg.distribution} has no {attr}; upgrade it (pip install -U {pkg.distribution}).",
+        )
+    return obj
 
 
 def _is_installed(top_level: str) -> bool:
@@ -63,6 +123,22 @@ def _is_installed(top_level: str) -> bool:
         return False
 
 
+def _what(obj: Any) -> str:
+    """What an import path named, for a message."""
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    if inspect.ismodule(obj):
+        return f"the module {obj.__name__}"
+    if callable(obj):
+        name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
+        return f"the {type(obj).__name__} {getattr(obj, '__module__', None) or '?'}.{name}"
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001 - a message must not fail on a bad __repr__
+        text = "?"
+    return f"a {type(obj).__name__} ({printable(text, 60)})"
+
+
 def _validate_optimizer_target(obj: Any) -> None:
     """What an entry point must point at: a class (or factory) taking params,
     with a pydantic ``config_schema`` if it declares one."""
@@ -70,10 +146,112 @@ def _validate_optimizer_target(obj: Any) -> None:
         raise TypeError(f"entry point object {obj!r} is not a class or factory")
     schema = getattr(obj, "config_schema", None)
     if schema is not None:
-        from pydantic import BaseModel
+        from pydantic import BaseModel  # lazily: pydantic stays out of listing
 
         if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
             raise TypeError(f"{obj!r}.config_schema must be a pydantic BaseModel subclass, got {schema!r}")
+
+
+class PackageRegistries:
+    """The registries that installed packages keep of their own optimizers.
+
+    Asked only for a name no table has (asking imports the package); each
+    package's names are read once per process.
+    """
+
+    def __init__(self, packages: Iterable[KnownPackage], kind: str = "optimizer") -> None:
+        self.packages = [p for p in packages if p.ask_names is not None and p.ask_class is not None]
+        self.kind = kind
+        self._names: dict[str, dict[str, str]] = {}  # distribution -> normalised -> the package's spelling
+        self.failures: dict[str, str] = {}  # distribution -> why its registry could not be read
+        self._lock = threading.RLock()
+
+    def _names_of(self, pkg: KnownPackage) -> dict[str, str]:
+        with self._lock:
+            if pkg.distribution not in self._names:
+                if not _is_installed(pkg.top_level):
+                    return {}  # not remembered: it may be installed later in the process
+                names: dict[str, str] = {}
+                try:
+                    names = {normalize(n): n for n in pkg.ask_names()}  # type: ignore[misc]
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:  # a broken package never stops other names
+                    self.failures[pkg.distribution] = f"{type(exc).__name__}: {printable(exc)}"
+                self._names[pkg.distribution] = names
+            return self._names[pkg.distribution]
+
+    def forget(self) -> None:
+        """Read the registries again on next use (after installing a package)."""
+        with self._lock:
+            self._names.clear()
+            self.failures.clear()
+
+    def matching(self, prefix: str) -> list[KnownPackage]:
+        """The packages a qualified name's prefix names (module or distribution)."""
+        key = normalize(prefix)
+        return [p for p in self.packages if key in {normalize(p.module), normalize(p.distribution), normalize(p.top_level)}]
+
+    def find(self, name: str, packages: Iterable[KnownPackage] | None = None, **spec_args: Any) -> list[OptimizerSpec]:
+        """A spec per package whose registry has ``name`` (imports them)."""
+        key = normalize(name)
+        found = []
+        for pkg in self.packages if packages is None else packages:
+            spelt = self._names_of(pkg).get(key)
+            if spelt is not None:
+                found.append(self._spec(pkg, spelt, strict=True, **spec_args))
+        return [s for s in found if s is not None]
+
+    def every(self, skip: Iterable[str] = (), **spec_args: Any) -> list[OptimizerSpec]:
+        """A spec for every name of every installed package's registry, less
+        the (normalised) names in ``skip``; names that fail to load are left out."""
+        skipped = set(skip)
+        out = []
+        for pkg in self.packages:
+            for key, spelt in self._names_of(pkg).items():
+                if key not in skipped:
+                    spec = self._spec(pkg, spelt, strict=False, **spec_args)
+                    if spec is not None:
+                        out.append(spec)
+        return out
+
+    def all_names(self) -> list[str]:
+        """The names already read (for close matches; imports nothing new)."""
+        return [n for names in self._names.values() for n in names.values()]
+
+    def _spec(self, pkg: KnownPackage, spelt: str, strict: bool, **spec_args: Any) -> OptimizerSpec | None:
+        where = f"{pkg.distribution}'s registry"
+        try:
+            cls = pkg.ask_class(spelt)  # type: ignore[misc]
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            if not strict:
+                return None
+            raise ConfigError(
+                f"{spelt!r} is in {where}, and loading it failed ({type(exc).__name__}: {printable(exc)}); "
+                f"it may need an optional dependency of {pkg.distribution} or a GPU.",
+                problems=[("type", "failed to load")],
+            ) from exc
+        if not (isinstance(cls, type) and issubclass(cls, _importable_classes(self.kind))):
+            if not strict:
+                return None
+            raise ConfigError(
+                f"{spelt!r} in {where} is {_what(cls)}, not a class of torch's {self.kind}s; optcore builds "
+                "only those from a package's registry.",
+                problems=[("type", f"not a {self.kind} class")],
+            )
+        name = cls.__name__ if normalize(cls.__name__) == normalize(spelt) else spelt
+        spec = OptimizerSpec(
+            name=name,
+            source="package",
+            provider=pkg.distribution,
+            qualified=f"{pkg.module}:{name}",
+            loader=lambda: cls,
+            **spec_args,
+        )
+        spec.__dict__["target"] = cls  # loaded already: listing may show its flags
+        return spec
 
 
 class Registry:
@@ -87,6 +265,8 @@ class Registry:
         not_found: type[OptimizerNotFoundError] = OptimizerNotFoundError,
         validate: Callable[[Any], None] | None = None,
         spec_class: type[OptimizerSpec] = OptimizerSpec,
+        reduce_to: Callable[[str], Any] | None = None,
+        asked: PackageRegistries | None = None,
     ) -> None:
         self.kind = kind
         self._spec_class = spec_class
@@ -94,16 +274,24 @@ class Registry:
         self._builtin_sources = list(builtin_sources)
         self._not_found = not_found
         self._validate = validate
+        self._reduce_to = reduce_to
+        self.asked = asked
         self._user: dict[str, OptimizerSpec] = {}
         self._version = 0
         self._lock = threading.RLock()
         self._index_cache: tuple[Any, dict[str, list[OptimizerSpec]]] | None = None
         self._warned: set[str] = set()
 
+    def _own(self, spec: OptimizerSpec) -> OptimizerSpec:
+        """``spec`` pickling to this registry's resolve function."""
+        if spec.reduce_to is not None or self._reduce_to is None:
+            return spec
+        return dataclasses.replace(spec, reduce_to=self._reduce_to)
+
     # ------------------------------------------------------------ the sources
     @functools.cached_property
     def _builtins(self) -> list[OptimizerSpec]:
-        return [spec for source in self._builtin_sources for spec in source()]
+        return [self._own(spec) for source in self._builtin_sources for spec in source()]
 
     def _plugin_specs(self, entries: tuple[PluginEntry, ...]) -> list[OptimizerSpec]:
         return [
@@ -115,6 +303,7 @@ class Registry:
                 loader=e.loader(self._validate),
                 version=e.version,
                 kind=self.kind,
+                reduce_to=self._reduce_to,
             )
             for e in entries
         ]
@@ -134,39 +323,52 @@ class Registry:
             return index
 
     # ------------------------------------------------------------- resolving
-    def resolve(self, name: Any) -> OptimizerSpec:
-        """The spec for ``name`` (see the module docstring for the forms)."""
+    def resolve(self, name: Any, *, allow_import_paths: bool | None = None) -> OptimizerSpec:
+        """The spec for ``name`` (see the module docstring for the forms).
+
+        ``allow_import_paths``: whether a dotted path may import its module
+        (``None``: the ``OPTCORE_ALLOW_IMPORT_PATHS`` switch, default allowed).
+        """
         if not isinstance(name, str):
             if callable(name):
                 return self._spec_for_object(name)
             raise ConfigError(
-                f"An {self.kind} type must be a name or a class, got {type(name).__name__} {name!r}.",
+                f"An {self.kind} type must be a name or a class, got {type(name).__name__} {printable(repr(name))}.",
                 problems=[("type", "not a string or class")],
+            )
+        if len(name) > MAX_NAME_LENGTH:
+            raise ConfigError(
+                f"The {self.kind} type is {len(name):,} characters long; a name or import path has at most "
+                f"{MAX_NAME_LENGTH}: {shown(name, 60)}.",
+                problems=[("type", f"longer than {MAX_NAME_LENGTH} characters")],
             )
         text = name.strip()
         if not text:
             raise ConfigError(f"Empty {self.kind} type: give a name such as 'AdamW'.", problems=[("type", "empty")])
+        allowed = import_paths_allowed(allow_import_paths)
         index = self._index()
         if ":" in text:
-            return self._resolve_qualified(text, index)
+            return self._resolve_qualified(text, index, allowed)
         found = index.get(normalize(text))
         if found:
             return self._winner(found)
         if "." in text:
             module, _, attr = text.rpartition(".")
-            return self._resolve_import(module, attr, text)
+            return self._resolve_import(module, attr, text, allowed)
+        if self.asked is not None:
+            found = self.asked.find(text, kind=self.kind, reduce_to=self._reduce_to)
+            if found:
+                return self._winner(found)
         raise self._not_found(text, self._searched(), close_matches(text, self._all_names(index)))
 
     def _winner(self, found: list[OptimizerSpec]) -> OptimizerSpec:
         winner = found[0]
         if len(found) == 1:
             return winner
-        import dataclasses
-
         spec = dataclasses.replace(winner, shadowed=tuple(found[1:]))
         spec.__dict__.update({k: v for k, v in winner.__dict__.items() if k in ("target", "schema", "capabilities")})
         overlooked = [s for s in found[1:] if s.source in ("plugin", "user")]
-        if overlooked and winner.source in ("torch", "package") and normalize(winner.name) not in self._warned:
+        if overlooked and winner.source in ("torch", "package", "plugin") and normalize(winner.name) not in self._warned:
             self._warned.add(normalize(winner.name))
             others = ", ".join(f"{s.provider} ({s.source}; select it with type={s.qualified!r})" for s in overlooked)
             warnings.warn(
@@ -178,7 +380,7 @@ class Registry:
             )
         return spec
 
-    def _resolve_qualified(self, text: str, index: dict[str, list[OptimizerSpec]]) -> OptimizerSpec:
+    def _resolve_qualified(self, text: str, index: dict[str, list[OptimizerSpec]], allowed: bool) -> OptimizerSpec:
         prefix, _, rest = text.partition(":")
         norm_prefix, norm_rest = normalize(prefix), normalize(rest)
         candidates = index.get(norm_rest, [])
@@ -198,47 +400,172 @@ class Registry:
         ]
         if picked:
             return picked[0]
-        return self._resolve_import(prefix, rest, text)
+        if self.asked is not None and rest.isidentifier():
+            packages = self.asked.matching(prefix)
+            if packages:
+                found = self.asked.find(rest, packages, kind=self.kind, reduce_to=self._reduce_to)
+                if found:
+                    return found[0]
+        return self._resolve_import(prefix, rest, text, allowed)
 
-    def _resolve_import(self, module: str, attr: str, text: str) -> OptimizerSpec:
+    def _resolve_import(self, module: str, attr: str, text: str, allowed: bool) -> OptimizerSpec:
+        """An import path: a class of this kind, or a registered or declared
+        factory; checked here, so that nothing else is ever called."""
         if not module or not attr or not all(p.isidentifier() for p in [*module.split("."), attr]):
             raise self._not_found(text, self._searched(), close_matches(text, self._all_names(self._index())))
-        if not _is_installed(module.partition(".")[0]):
+        declared = self._declared(module, attr)
+        if declared is not None:  # a registered or plugin name, by its import path: imports nothing here
+            return declared
+        if not allowed:
+            raise self._import_paths_off(module, attr, text)
+        top = module.partition(".")[0]
+        if not _is_installed(top):
             raise self._not_found(
                 text,
                 [f"import path {module}:{attr}"],
                 close_matches(attr, self._all_names(self._index())),
-                hint=f"Module {module.partition('.')[0]!r} is not installed; pip install the package that provides it.",
+                hint=f"Module {top!r} is not installed; pip install the package that provides it.",
             )
-        target = _import_attr(module, attr)
-        return self._spec_for_object(target, qualified=f"{module}:{attr}", source="package")
+        mod = self._import_module(module, text)
+        try:
+            obj = getattr(mod, attr)
+        except AttributeError:
+            classes = self._classes_in(mod)
+            sep = ":" if ":" in text else "."
+            raise self._not_found(
+                text,
+                [f"the {self.kind} classes of module {module} ({len(classes)})"],
+                [f"{module}{sep}{n}" for n in close_matches(attr, classes)],
+                hint=f"Module {module} has no {attr!r}; `optcore list` shows the names optcore knows.",
+            ) from None
+        except Exception as exc:  # a module __getattr__ that fails
+            raise ConfigError(
+                f"type {shown(text)}: reading {attr!r} from module {module} failed "
+                f"({type(exc).__name__}: {printable(exc)}).",
+                problems=[("type", "import failed")],
+            ) from exc
+        if not (isinstance(obj, type) and issubclass(obj, _importable_classes(self.kind))):
+            raise ConfigError(
+                f"type {shown(text)} names {_what(obj)}, not {self._kind_classes()}. An import path in a config "
+                f"may name only such a class; a factory must first be registered "
+                f"(optcore.register_{self.kind}('MyName', factory)) or declared as an entry point in group "
+                f"{self.group!r}, and is then named by that name.",
+                problems=[("type", f"not a {self.kind} class")],
+                target=text,
+            )
+        return self._spec_for_object(obj, qualified=f"{module}:{attr}", source="package")
+
+    def _declared(self, module: str, attr: str) -> OptimizerSpec | None:
+        """The registered or entry-point spec whose object is ``module:attr``,
+        found by name (nothing is imported)."""
+        path = f"{module}:{attr}"
+        bases = _importable_classes(self.kind)
+        for spec in self._user.values():
+            target = spec.target  # registered objects are in memory
+            if isinstance(target, type) and issubclass(target, bases):
+                continue  # a class resolves by its path as itself, not as someone's registration
+            if f"{getattr(target, '__module__', '')}:{getattr(target, '__qualname__', '')}" == path:
+                return spec
+        for specs in self._index().values():
+            for spec in specs:
+                if spec.source == "plugin" and self._entry_value(spec) == path:
+                    return spec
+        return None
+
+    def _entry_value(self, spec: OptimizerSpec) -> str | None:
+        for entry in entry_points(self.group):
+            if entry.name == spec.name and (entry.distribution or entry.module) == spec.provider:
+                return entry.value.replace(" ", "")
+        return None
+
+    def _import_module(self, module: str, text: str) -> Any:
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or ""
+            if missing and (module == missing or module.startswith(missing + ".")):
+                raise self._not_found(
+                    text, [f"import path {module}"], [], hint=f"There is no module {missing!r}."
+                ) from None
+            raise self._import_failed(module, text, exc) from exc
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the module's own code failed, sys.exit() too
+            raise self._import_failed(module, text, exc) from exc
+
+    def _import_failed(self, module: str, text: str, exc: BaseException) -> ConfigError:
+        return ConfigError(
+            f"type {shown(text)}: importing module {module} failed ({type(exc).__name__}: {printable(exc)}). "
+            "Fix or reinstall the package that provides it.",
+            problems=[("type", "import failed")],
+            target=text,
+        )
+
+    def _import_paths_off(self, module: str, attr: str, text: str) -> ConfigError:
+        known = self._index().get(normalize(attr))
+        also = f" {attr!r} is a known name: use type={known[0].qualified!r}." if known else ""
+        return ConfigError(
+            f"type {shown(text)} is an import path, and import paths are turned off (allow_import_paths=False or "
+            f"OPTCORE_ALLOW_IMPORT_PATHS=0), so no module is imported for a config. Name a known {self.kind} "
+            f"instead (`optcore list`), or register the class in code and use its name: "
+            f"`optcore.register_{self.kind}({attr!r}, {module}.{attr})`, or declare it as an entry point in group "
+            f"{self.group!r}.{also}",
+            problems=[("type", "import paths are turned off")],
+            target=text,
+        )
+
+    def _kind_classes(self) -> str:
+        if self.kind == "scheduler":
+            return "a torch.optim.lr_scheduler.LRScheduler subclass or ReduceLROnPlateau"
+        return "a torch.optim.Optimizer subclass"
+
+    def _classes_in(self, mod: Any) -> list[str]:
+        bases = _importable_classes(self.kind)
+        return [
+            n
+            for n, v in vars(mod).items()
+            if not n.startswith("_") and isinstance(v, type) and issubclass(v, bases) and v not in bases
+        ]
 
     def _spec_for_object(self, obj: Any, qualified: str | None = None, source: str = "user") -> OptimizerSpec:
         module = getattr(obj, "__module__", "") or ""
         name = getattr(obj, "__name__", type(obj).__name__)
-        return self._spec_class(
+        spec = self._spec_class(
             name=name,
             source=source,  # type: ignore[arg-type]
             provider=module.partition(".")[0] or "<object>",
             qualified=qualified or f"{module}:{name}",
             loader=lambda: obj,
             kind=self.kind,
+            reduce_to=self._reduce_to,
         )
+        spec.__dict__["target"] = obj  # in memory already
+        return spec
 
     def _all_names(self, index: dict[str, list[OptimizerSpec]]) -> list[str]:
-        return [specs[0].name for specs in index.values()]
+        names = [specs[0].name for specs in index.values()]
+        return names + (self.asked.all_names() if self.asked is not None else [])
 
     def _searched(self) -> list[str]:
-        return [f"{self.kind}s of torch, installed packages, register_{self.kind}() and plugins ({self.group})"]
+        where = [f"{self.kind}s of torch, installed packages, register_{self.kind}() and plugins ({self.group})"]
+        if self.asked is not None:
+            where += [f"{dist}'s registry (unreadable: {why})" for dist, why in self.asked.failures.items()]
+        return where
 
     # ---------------------------------------------------------------- listing
-    def list(self, all: bool = False) -> list[OptimizerSpec]:
+    def list(self, all: bool = False, ask_packages: bool = False) -> list[OptimizerSpec]:
         """Every resolvable name once (the winner, with ``shadowed``), or with
-        ``all=True`` every provider of every name."""
+        ``all=True`` every provider of every name. ``ask_packages=True`` adds
+        the names that only the packages' own registries have (76 of
+        pytorch_optimizer's 128 here), which imports those packages."""
         index = self._index()
         if all:
-            return [spec for specs in index.values() for spec in specs]
-        return [self._quiet_winner(specs) for specs in index.values()]
+            specs = [spec for specs in index.values() for spec in specs]
+        else:
+            specs = [self._quiet_winner(specs) for specs in index.values()]
+        if ask_packages and self.asked is not None:
+            specs += self.asked.every(index, kind=self.kind, reduce_to=self._reduce_to)
+        return specs
 
     def _quiet_winner(self, specs: list[OptimizerSpec]) -> OptimizerSpec:
         with warnings.catch_warnings():
@@ -271,7 +598,7 @@ class Registry:
         if not callable(target):
             raise ConfigError(f"register_{self.kind}({name!r}, ...) needs a class or factory, got {target!r}.")
         if schema is not None:
-            from pydantic import BaseModel
+            from pydantic import BaseModel  # lazily: pydantic stays out of import optcore
 
             if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
                 raise ConfigError(f"schema for {name!r} must be a pydantic BaseModel subclass, got {schema!r}.")
@@ -291,6 +618,7 @@ class Registry:
                 loader=lambda: target,
                 explicit_schema=schema,
                 kind=self.kind,
+                reduce_to=self._reduce_to,
             )
             self._version += 1
             self._warned.discard(key)
@@ -312,10 +640,6 @@ class Registry:
 
 # ---------------------------------------------------------------- optimizers
 def _torch_specs() -> list[OptimizerSpec]:
-    import torch
-
-    from ._torch_facts import TORCH_FACTS
-
     names = [n for n in TORCH_FACTS if isinstance(getattr(torch.optim, n, None), type)]
     names += sorted(
         n
@@ -338,14 +662,12 @@ def _torch_specs() -> list[OptimizerSpec]:
 
 
 def _torch_schema(name: str) -> Any:
-    from ._torch_optims import TORCH_SCHEMAS
+    from ._torch_optims import TORCH_SCHEMAS  # lazily: the schemas are pydantic models
 
     return TORCH_SCHEMAS[name]
 
 
 def _package_specs() -> list[OptimizerSpec]:
-    from ._packages import KNOWN_PACKAGES
-
     specs = []
     for pkg in KNOWN_PACKAGES:
         if not _is_installed(pkg.top_level):
@@ -357,24 +679,37 @@ def _package_specs() -> list[OptimizerSpec]:
                     source="package",
                     provider=pkg.distribution,
                     qualified=f"{pkg.module}:{cls}",
-                    loader=_memo(functools.partial(_import_attr, pkg.module, cls, pkg.distribution)),
+                    loader=_memo(functools.partial(_load_package_class, pkg, cls)),
                 )
             )
     return specs
 
 
-OPTIMIZERS = Registry("optimizer", OPTIMIZERS_GROUP, [_torch_specs, _package_specs], validate=_validate_optimizer_target)
-
-
 def resolve(name: Any, *, allow_import_paths: bool | None = None) -> OptimizerSpec:
     """The :class:`OptimizerSpec` for ``name``; raises
-    :class:`OptimizerNotFoundError` with the closest names if none."""
-    return OPTIMIZERS.resolve(name)  # allow_import_paths: implemented on the resolution branch
+    :class:`OptimizerNotFoundError` with the closest names if none.
+
+    ``allow_import_paths=False`` (or ``OPTCORE_ALLOW_IMPORT_PATHS=0`` when it
+    is ``None``) refuses dotted paths, importing nothing for them."""
+    return OPTIMIZERS.resolve(name, allow_import_paths=allow_import_paths)
 
 
-def list_optimizers(all: bool = False) -> list[OptimizerSpec]:
-    """Every resolvable optimizer name (``all=True``: shadowed providers too)."""
-    return OPTIMIZERS.list(all=all)
+OPTIMIZERS = Registry(
+    "optimizer",
+    OPTIMIZERS_GROUP,
+    [_torch_specs, _package_specs],
+    validate=_validate_optimizer_target,
+    reduce_to=resolve,
+    asked=PackageRegistries(KNOWN_PACKAGES),
+)
+
+
+def list_optimizers(all: bool = False, ask_packages: bool = False) -> list[OptimizerSpec]:
+    """Every resolvable optimizer name (``all=True``: shadowed providers too).
+    Nothing of a plugin or package is imported, unless ``ask_packages=True``
+    adds the names that only installed packages' own registries have
+    (pytorch_optimizer's ``Shampoo``, ...), which imports those packages."""
+    return OPTIMIZERS.list(all=all, ask_packages=ask_packages)
 
 
 def register_optimizer(name_or_target: Any = None, target: Any = None, *, schema: Any = None, override: bool = False) -> Any:

@@ -2,7 +2,13 @@
 
 A spec knows where a name comes from without importing it: ``target`` (the
 class), ``schema`` and ``capabilities`` are loaded on first access. Listing
-names therefore costs no import of any plugin or third-party package.
+names therefore costs no import of any plugin or third-party package:
+``describe()`` and ``known_capabilities`` read metadata only, and ``loaded``
+says whether touching ``target`` would run a plugin's or a package's code.
+
+A spec pickles as a call of the resolve function of the registry that made it
+(``reduce_to``, given by the registry), so this module needs no import of the
+registry above it.
 """
 
 from __future__ import annotations
@@ -14,8 +20,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
+from ._adapt import adapt
+from ._torch_facts import TORCH_FACTS
+
 Source = Literal["torch", "package", "builtin", "plugin", "user"]
 _LOAD_LOCK = threading.RLock()
+#: Sources whose targets are at hand without running plugin or package code.
+_IN_PROCESS: tuple[str, ...] = ("torch", "builtin", "user")
 
 
 @dataclass(frozen=True)
@@ -53,14 +64,19 @@ class OptimizerSpec:
     shadowed: tuple[OptimizerSpec, ...] = ()
     version: str | None = None
     kind: str = "optimizer"
+    #: The module-level resolve function of the registry that made this spec.
+    reduce_to: Callable[[str], Any] | None = field(default=None, repr=False)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OptimizerSpec:
         return self  # immutable record: optimizers carrying it deep-copy cheaply
 
     def __reduce__(self) -> tuple[Any, ...]:
-        from ._registry import resolve
-
-        return (resolve, (self.qualified,))
+        if self.reduce_to is None:
+            raise TypeError(
+                f"Cannot pickle the spec {self.qualified!r}: it was not made by a registry. "
+                "Pickle its qualified name and resolve that instead."
+            )
+        return (self.reduce_to, (self.qualified,))
 
     # ----------------------------------------------------------- lazy members
     @cached_property
@@ -80,7 +96,7 @@ class OptimizerSpec:
         declared = getattr(self.target, "config_schema", None)
         if declared is not None:
             return declared
-        from ._schema import schema_from_signature
+        from ._schema import schema_from_signature  # lazily: _schema imports pydantic
 
         skip = ("params",) if self.kind == "optimizer" else ("optimizer",)
         return schema_from_signature(self.target, name=self.name, skip=skip)
@@ -90,11 +106,7 @@ class OptimizerSpec:
         target = self.target
         if self.kind != "optimizer" or not isinstance(target, type):
             return Capabilities()
-        from ._adapt import adapt
-
         cls = adapt(target)
-        from ._torch_facts import TORCH_FACTS
-
         fused_scale = self.source == "torch" and TORCH_FACTS.get(self.name, (False, False))[1]
         step_with_scale = getattr(cls, "supports_step_with_scale", False)
         return Capabilities(
@@ -103,6 +115,19 @@ class OptimizerSpec:
             flat_params=bool(getattr(cls, "supports_flat_params", False)),
             groups=bool(getattr(cls, "supports_groups", True)),
         )
+
+    @property
+    def loaded(self) -> bool:
+        """Whether ``target`` is at hand without importing a plugin or a
+        third-party package (torch's, built-in and registered names; any
+        target already loaded)."""
+        return "target" in self.__dict__ or self.source in _IN_PROCESS
+
+    @property
+    def known_capabilities(self) -> Capabilities | None:
+        """The capability flags if they can be had without running plugin or
+        package code (see ``loaded``), else ``None``: what a listing shows."""
+        return self.capabilities if self.loaded else None
 
     @property
     def description(self) -> str:

@@ -183,11 +183,12 @@ SCHEDULERS = _SchedulerRegistry(
 
 
 # ------------------------------------------------------------------ look-up
-def resolve_scheduler(name: Any) -> SchedulerSpec:
+def resolve_scheduler(name: Any, *, allow_import_paths: bool | None = None) -> SchedulerSpec:
     """The :class:`SchedulerSpec` for ``name`` (a name, ``"torch:StepLR"``,
     ``"optcore:cosine"``, ``"pkg.mod:Class"``, or a class); raises
-    :class:`SchedulerNotFoundError` with the closest names if none."""
-    return SCHEDULERS.resolve(name)  # type: ignore[return-value]
+    :class:`SchedulerNotFoundError` with the closest names if none.
+    ``allow_import_paths`` as for :func:`optcore.resolve`."""
+    return SCHEDULERS.resolve(name, allow_import_paths=allow_import_paths)  # type: ignore[return-value]
 
 
 def list_schedulers(all: bool = False) -> list[SchedulerSpec]:

@@ -1,0 +1,156 @@
+"""Entry-point discovery: listing runs no plugin code, a plugin's exit is a
+PluginLoadError, discovery order is the same everywhere, clashes are reported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import optcore
+import optcore._plugins as plugins
+from optcore import PluginLoadError
+from optcore._registry import ShadowedNameWarning
+
+SGD_LIKE = """
+import torch
+class Opt(torch.optim.SGD):
+    supports_flat_params = True
+"""
+
+
+# ------------------------------------------------------------ E: listing and exits
+def test_listing_reads_metadata_only(fake_plugins, tmp_path):
+    marker = tmp_path / "ran"
+    fake_plugins("optcore-marker", "optcore_marker_fake", f"open({str(marker)!r}, 'w').write('x')\n" + SGD_LIKE,
+                 {"optcore.optimizers": {"MarkerOpt": "optcore_marker_fake:Opt"}})
+    specs = optcore.list_optimizers()
+    rows = {s.qualified: (s.describe(), s.known_capabilities, s.loaded) for s in specs}
+    assert not marker.exists() and "optcore_marker_fake" not in sys.modules
+    row, flags, loaded = rows["optcore-marker:MarkerOpt"]
+    assert row["source"] == "plugin" and flags is None and loaded is False
+    _, torch_flags, torch_loaded = rows["torch:AdamW"]
+    assert torch_loaded and torch_flags.step_with_scale and torch_flags.groups  # torch's need no plugin code
+    # Once the class is loaded (built, shown), its flags are known without more imports.
+    spec = optcore.resolve("MarkerOpt")
+    assert spec.capabilities.flat_params and marker.exists()
+    assert spec.loaded and spec.known_capabilities == spec.capabilities
+
+
+def test_the_default_listing_imports_no_plugin_module():
+    code = textwrap.dedent("""
+        import sys
+        import optcore
+        rows = [(s.describe(), s.known_capabilities) for s in optcore.list_optimizers()]
+        from optcore.schedulers import list_schedulers
+        rows += [(s.describe(), None) for s in list_schedulers()]
+        plugin_modules = sorted(m for m in sys.modules if m.split('.')[0].startswith('optcore_'))
+        assert not plugin_modules, plugin_modules
+        assert any(r["source"] == "plugin" for r, _ in rows)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("body,cause", [
+    ("import sys\nsys.exit(3)", "SystemExit: 3"),
+    ("raise SystemExit('plugin gave up')", "SystemExit: plugin gave up"),
+    ("class Odd(BaseException): pass\nraise Odd('not an Exception')", "Odd: not an Exception"),
+])
+def test_a_plugin_that_exits_at_import_is_a_plugin_load_error(fake_plugins, model, body, cause):
+    fake_plugins("optcore-quitter", "optcore_quitter_fake", body,
+                 {"optcore.optimizers": {"Quitter": "optcore_quitter_fake:Opt"}})
+    with pytest.raises(PluginLoadError) as info:
+        optcore.build_optimizer("Quitter", model)
+    assert cause in str(info.value) and info.value.distribution == "optcore-quitter"
+    assert optcore.build_optimizer("AdamW", model).get_lr() == pytest.approx(1e-3)
+
+
+def test_a_validator_that_exits_is_a_plugin_load_error(fake_plugins):
+    source = textwrap.dedent("""
+        import sys
+        import torch
+
+        class Meta(type):
+            @property
+            def config_schema(cls):  # read by optcore's check of the entry point's object
+                sys.exit(9)
+
+        class Bad(torch.optim.SGD, metaclass=Meta):
+            pass
+    """)
+    fake_plugins("optcore-badschema2", "optcore_badschema2_fake", source,
+                 {"optcore.optimizers": {"BadSchema2": "optcore_badschema2_fake:Bad"}})
+    with pytest.raises(PluginLoadError, match="SystemExit: 9"):
+        optcore.resolve("BadSchema2").target
+
+
+def test_keyboard_interrupt_is_not_swallowed(fake_plugins):
+    fake_plugins("optcore-ctrlc", "optcore_ctrlc_fake", "raise KeyboardInterrupt",
+                 {"optcore.optimizers": {"CtrlC": "optcore_ctrlc_fake:Opt"}})
+    with pytest.raises(KeyboardInterrupt):
+        optcore.resolve("CtrlC").target
+
+
+# ------------------------------------------------------------ F: name clashes
+@pytest.mark.parametrize("reverse", [False, True], ids=["listdir-sorted", "listdir-reversed"])
+def test_two_plugins_with_one_name_resolve_the_same_way_and_the_clash_is_reported(fake_plugins, monkeypatch, reverse):
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path=".": sorted(real_listdir(path), reverse=reverse))
+    name, tag = f"TwinOpt{int(reverse)}", int(reverse)
+    for dist in ("optcore-zzz", "optcore-aaa"):
+        module = f"{dist.replace('-', '_')}_twin{tag}"
+        fake_plugins(dist, module, SGD_LIKE, {"optcore.optimizers": {name: f"{module}:Opt"}})
+    with pytest.warns(ShadowedNameWarning, match=f"optcore-zzz:{name}"):
+        spec = optcore.resolve(name)
+    assert spec.provider == "optcore-aaa"
+    assert [s.qualified for s in spec.shadowed] == [f"optcore-zzz:{name}"]
+    assert optcore.resolve(f"optcore-zzz:{name}").provider == "optcore-zzz"
+    listed = next(s for s in optcore.list_optimizers() if s.name == name)
+    assert listed.provider == "optcore-aaa" and [s.provider for s in listed.shadowed] == ["optcore-zzz"]
+
+
+# ------------------------------------------------------------ I: discovery rules kept
+def test_the_first_distribution_of_a_name_on_sys_path_wins(fake_plugins, tmp_path_factory, monkeypatch):
+    later = tmp_path_factory.mktemp("later")
+    info = later / "optcore_dup-2.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: optcore-dup\nVersion: 2.0\n")
+    (info / "entry_points.txt").write_text("[optcore.optimizers]\nDupOpt = optcore_dup_fake:Opt\nDupOnly2 = x:y\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(later)])
+    fake_plugins("optcore-dup", "optcore_dup_fake", SGD_LIKE, {"optcore.optimizers": {"DupOpt": "optcore_dup_fake:Opt"}},
+                 version="1.0")
+    entries = [e for e in plugins.entry_points("optcore.optimizers") if e.distribution == "optcore-dup"]
+    assert [(e.name, e.version) for e in entries] == [("DupOpt", "1.0")]
+    spec = optcore.resolve("DupOpt")
+    assert spec.version == "1.0" and not spec.shadowed
+
+
+def test_missing_path_entries_need_no_importlib_metadata():
+    code = textwrap.dedent("""
+        import sys
+        sys.path.append('/nonexistent/python3xx.zip')
+        before = 'importlib.metadata' in sys.modules
+        import optcore._plugins as p
+        entries = p.entry_points('optcore.optimizers')
+        assert entries, 'the installed plugins are found'
+        assert before or 'importlib.metadata' not in sys.modules
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_switches_still_apply(fake_plugins, monkeypatch):
+    fake_plugins("optcore-switch", "optcore_switch_fake", SGD_LIKE, {"optcore.optimizers": {"SwitchOpt": "optcore_switch_fake:Opt"}})
+    monkeypatch.setenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    assert plugins.entry_points("optcore.optimizers") == ()
+    monkeypatch.delenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD")
+    monkeypatch.setenv("OPTCORE_PLUGINS", "optcore-switch")
+    assert [e.name for e in plugins.entry_points("optcore.optimizers")] == ["SwitchOpt"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert optcore.resolve("SwitchOpt").target.__name__ == "Opt"
+    assert isinstance(optcore.resolve("SwitchOpt").target(torch.nn.Linear(2, 2).parameters(), lr=0.1), torch.optim.SGD)
