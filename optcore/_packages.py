@@ -15,9 +15,17 @@ them into its class.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import importlib.util
+import inspect
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from ._errors import ConfigError, OptimizerNotFoundError, printable
+from ._names import close_matches, normalize
+from ._spec import OptimizerSpec
 
 
 def _pytorch_optimizer_names() -> list[str]:
@@ -102,3 +110,175 @@ KNOWN_PACKAGES: tuple[KnownPackage, ...] = (
     ),
     KnownPackage("torch-optimi", "optimi", ("Adam", "AdamW", "Adan", "Lion", "RAdam", "Ranger", "SGD", "StableAdamW")),
 )
+
+
+def importable_classes(kind: str) -> tuple[type, ...]:
+    """The classes an import path may name, by registry kind."""
+    import torch  # listing names needs no torch; checking a class does
+    from torch.optim import lr_scheduler
+
+    if kind == "scheduler":
+        return (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)
+    return (torch.optim.Optimizer,)
+
+
+def memo(fn: Callable[[], Any]) -> Callable[[], Any]:
+    box: list[Any] = []
+
+    def load() -> Any:  # callers hold the specs' load lock
+        if not box:
+            box.append(fn())
+        return box[0]
+
+    return load
+
+
+def load_package_class(pkg: KnownPackage, attr: str) -> Any:
+    """A class of optcore's package table (a package, not a plugin: a failure
+    is the package's install, reported as a ConfigError naming it)."""
+    what = f"{pkg.module}:{attr}"
+    try:
+        mod = importlib.import_module(pkg.module)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ConfigError(
+            f"{what} is in optcore's table of {pkg.distribution}'s optimizers, and importing {pkg.module} failed "
+            f"({type(exc).__name__}: {printable(exc)}). Reinstall or upgrade {pkg.distribution}, or pick another "
+            "provider of the name (`optcore list --all`).",
+            problems=[("type", "package failed to import")],
+        ) from exc
+    obj = getattr(mod, attr, None)
+    if obj is None:
+        raise OptimizerNotFoundError(
+            what,
+            [f"module {pkg.module}"],
+            close_matches(attr, [n for n in vars(mod) if not n.startswith("_")]),
+            hint=f"The installed {pkg.distribution} has no {attr}; upgrade it (pip install -U {pkg.distribution}).",
+        )
+    return obj
+
+
+def is_installed(top_level: str) -> bool:
+    try:
+        return importlib.util.find_spec(top_level) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def what_it_is(obj: Any) -> str:
+    """What an import path named, for a message."""
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    if inspect.ismodule(obj):
+        return f"the module {obj.__name__}"
+    if callable(obj):
+        name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
+        return f"the {type(obj).__name__} {getattr(obj, '__module__', None) or '?'}.{name}"
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001 - a message must not fail on a bad __repr__
+        text = "?"
+    return f"a {type(obj).__name__} ({printable(text, 60)})"
+
+
+class PackageRegistries:
+    """The registries that installed packages keep of their own optimizers.
+
+    Asked only for a name no table has (asking imports the package); each
+    package's names are read once per process.
+    """
+
+    def __init__(self, packages: Iterable[KnownPackage], kind: str = "optimizer") -> None:
+        self.packages = [p for p in packages if p.ask_names is not None and p.ask_class is not None]
+        self.kind = kind
+        self._names: dict[str, dict[str, str]] = {}  # distribution -> normalised -> the package's spelling
+        self.failures: dict[str, str] = {}  # distribution -> why its registry could not be read
+        self._lock = threading.RLock()
+
+    def _names_of(self, pkg: KnownPackage) -> dict[str, str]:
+        with self._lock:
+            if pkg.distribution not in self._names:
+                if not is_installed(pkg.top_level):
+                    return {}  # not remembered: it may be installed later in the process
+                names: dict[str, str] = {}
+                try:
+                    names = {normalize(n): n for n in pkg.ask_names()}  # type: ignore[misc]
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:  # a broken package never stops other names
+                    self.failures[pkg.distribution] = f"{type(exc).__name__}: {printable(exc)}"
+                self._names[pkg.distribution] = names
+            return self._names[pkg.distribution]
+
+    def forget(self) -> None:
+        """Read the registries again on next use (after installing a package)."""
+        with self._lock:
+            self._names.clear()
+            self.failures.clear()
+
+    def matching(self, prefix: str) -> list[KnownPackage]:
+        """The packages a qualified name's prefix names (module or distribution)."""
+        key = normalize(prefix)
+        return [p for p in self.packages if key in {normalize(p.module), normalize(p.distribution), normalize(p.top_level)}]
+
+    def find(self, name: str, packages: Iterable[KnownPackage] | None = None, **spec_args: Any) -> list[OptimizerSpec]:
+        """A spec per package whose registry has ``name`` (imports them)."""
+        key = normalize(name)
+        found = []
+        for pkg in self.packages if packages is None else packages:
+            spelt = self._names_of(pkg).get(key)
+            if spelt is not None:
+                found.append(self._spec(pkg, spelt, strict=True, **spec_args))
+        return [s for s in found if s is not None]
+
+    def every(self, skip: Iterable[str] = (), **spec_args: Any) -> list[OptimizerSpec]:
+        """A spec for every name of every installed package's registry, less
+        the (normalised) names in ``skip``; names that fail to load are left out."""
+        skipped = set(skip)
+        out = []
+        for pkg in self.packages:
+            for key, spelt in self._names_of(pkg).items():
+                if key not in skipped:
+                    spec = self._spec(pkg, spelt, strict=False, **spec_args)
+                    if spec is not None:
+                        out.append(spec)
+        return out
+
+    def all_names(self) -> list[str]:
+        """The names already read (for close matches; imports nothing new)."""
+        return [n for names in self._names.values() for n in names.values()]
+
+    def _spec(self, pkg: KnownPackage, spelt: str, strict: bool, **spec_args: Any) -> OptimizerSpec | None:
+        where = f"{pkg.distribution}'s registry"
+        try:
+            cls = pkg.ask_class(spelt)  # type: ignore[misc]
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            if not strict:
+                return None
+            raise ConfigError(
+                f"{spelt!r} is in {where}, and loading it failed ({type(exc).__name__}: {printable(exc)}); "
+                f"it may need an optional dependency of {pkg.distribution} or a GPU.",
+                problems=[("type", "failed to load")],
+            ) from exc
+        if not (isinstance(cls, type) and issubclass(cls, importable_classes(self.kind))):
+            if not strict:
+                return None
+            raise ConfigError(
+                f"{spelt!r} in {where} is {what_it_is(cls)}, not a class of torch's {self.kind}s; optcore builds "
+                "only those from a package's registry.",
+                problems=[("type", f"not a {self.kind} class")],
+            )
+        name = cls.__name__ if normalize(cls.__name__) == normalize(spelt) else spelt
+        spec = OptimizerSpec(
+            name=name,
+            source="package",
+            provider=pkg.distribution,
+            qualified=f"{pkg.module}:{name}",
+            loader=lambda: cls,
+            **spec_args,
+        )
+        spec.__dict__["target"] = cls  # loaded already: listing may show its flags
+        return spec

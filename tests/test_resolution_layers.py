@@ -14,16 +14,23 @@ import optcore
 from optcore._spec import OptimizerSpec
 
 CORE = Path(optcore.__file__).parent
-LAYERS = {
-    "_errors": 0, "_names": 0, "_version": 0, "_torch_facts": 0, "_packages": 0,
-    "_schema": 1, "_torch_optims": 1, "_contract": 2, "_adapt": 3, "_spec": 4, "_plugins": 5, "_registry": 6,
-    "_hooks": 7,
-}
+
+
+def _layers() -> dict[str, int]:
+    """module -> rank (higher imports lower), from pyproject.toml's import-linter contract."""
+    import tomllib
+
+    config = tomllib.loads((CORE.parent / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    layers = contract["layers"]
+    return {name.strip(): len(layers) - i for i, layer in enumerate(layers) for name in layer.split("|")}
+
+
+LAYERS = _layers()
 OWNED = ["_errors", "_names", "_packages", "_spec", "_plugins", "_registry"]
 #: Function-level imports kept on purpose: these modules import pydantic.
 LAZY_FOR_PYDANTIC = {"_schema", "_torch_optims"}
-#: _plugins.refresh() resets the hook manager, a higher layer; the build layer is to take that over.
-KNOWN_EXCEPTIONS = {("_plugins", "_hooks")}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def _optcore_imports(module: str) -> list[tuple[str, bool]]:

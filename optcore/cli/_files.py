@@ -20,7 +20,6 @@ from typing import Any
 
 from .._errors import OptcoreError
 from .._names import normalize
-from .._registry import list_optimizers, resolve
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -127,6 +126,7 @@ def optimizer_file_schema(
 
 def config_file_schema(specs: Iterable[Any] | None = None, schedulers: Iterable[Any] | None = None) -> dict[str, Any]:
     """One schema for every config file optcore reads (see the module docstring)."""
+    from .._registry import list_optimizers
     from ..schedulers import list_schedulers
 
     all_specs = list(specs) if specs is not None else list_optimizers(all=True)
@@ -212,6 +212,8 @@ def config_file_schema(specs: Iterable[Any] | None = None, schedulers: Iterable[
 def _winner_of(name: str) -> set[str]:
     import warnings
 
+    from .._registry import resolve
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -234,6 +236,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
         return 0
     if not args.name:
         raise OptcoreError("optcore schema needs a NAME (e.g. `optcore schema AdamW`) or --all.")
+    from .._registry import resolve
+
     try:
         spec = resolve(args.name)
     except OptcoreError:

@@ -14,17 +14,25 @@ import sys
 from typing import Any
 
 from .._errors import OptcoreError
-from .._registry import list_optimizers
 from ._output import console, plain_table
 
 _FLAG_TITLE = "fp16-mem / scale / flat / groups"
 
 
-def _flags(spec: Any) -> dict[str, bool]:
+def _flags(spec: Any, load: bool) -> dict[str, bool] | None:
+    """The capability flags; without ``load``, only those known without running
+    plugin or package code (``None`` otherwise: `optcore show NAME` has them)."""
     try:
-        return spec.capabilities.as_dict()
+        caps = spec.capabilities if load else spec.known_capabilities
     except OptcoreError:
         return {}
+    return None if caps is None else caps.as_dict()
+
+
+def _flag_cell(caps: dict[str, bool] | None) -> str:
+    if caps is None:
+        return "(optcore show NAME)"
+    return " ".join("✓" if v else "·" for v in caps.values()) if caps else "?"
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -33,13 +41,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
         specs = list_schedulers(all=args.all)
     else:
-        specs = list_optimizers(all=args.all)
-    flags = not args.schedulers and (args.flags if args.flags is not None else args.all)
+        from .._registry import list_optimizers  # torch: imported by the command, not by --help
+
+        specs = list_optimizers(all=args.all, ask_packages=args.all)
+    flags = not args.schedulers and (args.flags if args.flags is not None else True)
+    load = bool(args.all or args.flags)
     rows = []
     for spec in specs:
         row = spec.describe()
         if flags:
-            row["capabilities"] = _flags(spec)
+            row["capabilities"] = _flags(spec, load)
         rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -47,7 +58,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     header = ["name", "source", "provider", "select with", "shadows"] + ([_FLAG_TITLE] if flags else [])
     cells = [
         [r["name"], r["source"], r["provider"], r["qualified"], ", ".join(r["shadowed"])]
-        + ([" ".join("✓" if v else "·" for v in r["capabilities"].values())] if flags else [])
+        + ([_flag_cell(r["capabilities"])] if flags else [])
         for r in rows
     ]
     title = f"optcore {'schedulers' if args.schedulers else 'optimizers'} ({len(rows)})"

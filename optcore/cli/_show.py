@@ -10,7 +10,6 @@ import sys
 from typing import Any
 
 from .._errors import OptcoreError, OptimizerNotFoundError, SchedulerNotFoundError
-from .._registry import resolve
 from ._output import console
 
 #: Implementation switches are listed after the hyper-parameters.
@@ -25,6 +24,8 @@ def describe(name: str, scheduler: bool = False) -> dict[str, Any]:
 
         spec = resolve_scheduler(name)
     else:
+        from .._registry import resolve
+
         try:
             spec = resolve(name)
         except OptimizerNotFoundError as exc:
