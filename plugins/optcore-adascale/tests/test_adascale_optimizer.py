@@ -27,7 +27,8 @@ def _groups(model: torch.nn.Module) -> list[dict]:
 
 def _batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(10 * step + micro)
-    return torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+    f32 = torch.float32  # fixed, whatever the default dtype
+    return torch.randn(4, 8, generator=g, dtype=f32), torch.randn(4, 2, generator=g, dtype=f32)
 
 
 def _train(model, opt, steps, accum=2, first=0, scaled_loss=True, loss_scale=1.0, after_backward=None,
@@ -254,3 +255,191 @@ def test_sharded_dtensor_params_are_refused() -> None:
             AdaScaleSGD([weight], num_gradients_to_accumulate=2)
     finally:
         dist.destroy_process_group()
+
+
+# ------------------------------------------------------------ accumulation protocol
+@pytest.mark.parametrize("accum", [2, 3])
+def test_gain_before_step_matches_fairscale_for_each_accumulation(accum) -> None:
+    fairscale = pytest.importorskip("fairscale.optim")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    ours_model, ref_model = _model(), _model()
+    ours = AdaScaleSGD(_groups(ours_model), num_gradients_to_accumulate=accum, **KW)
+    ref = fairscale.AdaScale(torch.optim.SGD(_groups(ref_model), **KW), num_gradients_to_accumulate=accum)
+    before = [ours.gain()]  # nothing measured yet: 1, as fairscale
+    ours_gains = _train(ours_model, ours, 6, accum=accum, preview=True)
+    ref_gains = _train(ref_model, ref, 6, accum=accum, preview=True)
+    ref.unhook()
+    assert before == [1.0] and ours_gains[0][-1] != 1.0
+    assert ours_gains == [pytest.approx(g, abs=1e-6) for g in ref_gains]
+    _assert_params_close(ours_model, ref_model)
+
+
+def test_step_before_all_accumulated_backward_passes_is_an_error() -> None:
+    model, good_model = _model(), _model()
+    opt = AdaScaleSGD(model.parameters(), num_gradients_to_accumulate=3, **KW)
+    good = AdaScaleSGD(good_model.parameters(), num_gradients_to_accumulate=3, **KW)
+    x, y = _batch(0, 0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    with pytest.raises(AccumulationError, match=r"after 1 backward pass\(es\).*num_gradients_to_accumulate is 3"):
+        opt.step()
+    assert isinstance(AccumulationError("x"), optcore.OptcoreError) and issubclass(AccumulationError, RuntimeError)
+    # nothing changed: the loop may finish the accumulation and step
+    for _ in range(2):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    for _ in range(3):
+        torch.nn.functional.mse_loss(good_model(x), y).backward()
+    good.step()
+    assert opt.gain() == good.gain() and opt.gain() > 1.0
+    _assert_params_close(model, good_model, 0.0)
+    # one backward pass too many is refused as well
+    opt.zero_grad()
+    for _ in range(4):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    with pytest.raises(AccumulationError, match="after 4 backward"):
+        opt.step()
+    # zero_grad forgets the passes
+    opt.zero_grad()
+    for _ in range(3):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("update_smoothing", [True, False])
+def test_set_num_gradients_to_accumulate_matches_fairscale(update_smoothing) -> None:
+    fairscale = pytest.importorskip("fairscale.optim")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    ours_model, ref_model = _model(), _model()
+    ours = AdaScaleSGD(_groups(ours_model), num_gradients_to_accumulate=2, **KW)
+    ref = fairscale.AdaScale(torch.optim.SGD(_groups(ref_model), **KW), num_gradients_to_accumulate=2)
+    runs = []
+    for opt, model in ((ours, ours_model), (ref, ref_model)):
+        gains = _train(model, opt, 3, accum=2, preview=True)
+        opt.set_num_gradients_to_accumulate(4, update_smoothing=update_smoothing)
+        gains += _train(model, opt, 4, accum=4, first=3, preview=True)
+        runs.append(gains)
+    ref.unhook()
+    assert ours.num_gradients_to_accumulate == 4 and ours.scale == ref.scale == 2.0  # scale is left alone
+    assert ours.smoothing == pytest.approx(ref.smoothing) == (0.996 if update_smoothing else 0.998)
+    assert ours.optimizer_config["num_gradients_to_accumulate"] == 4
+    assert runs[0] == [pytest.approx(g, abs=1e-6) for g in runs[1]]
+    _assert_params_close(ours_model, ref_model)
+
+
+def test_set_num_gradients_to_accumulate_errors() -> None:
+    model = _model()
+    opt = AdaScaleSGD(model.parameters(), num_gradients_to_accumulate=2, **KW)
+    x, y = _batch(0, 0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    with pytest.raises(AccumulationError, match="after 1 backward pass"):
+        opt.set_num_gradients_to_accumulate(3)
+    opt.zero_grad()
+    with pytest.raises(optcore.ConfigError, match="at least two gradient samples"):
+        opt.set_num_gradients_to_accumulate(1)  # one process: one sample per step
+    with pytest.raises(optcore.ConfigError):
+        opt.set_num_gradients_to_accumulate(0)
+    assert opt.num_gradients_to_accumulate == 2
+
+
+# --------------------------------------------------------------------- precision
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matches_fairscale_in_the_params_dtype(dtype) -> None:
+    fairscale = pytest.importorskip("fairscale.optim")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    ours_model, ref_model = _model().to(dtype), _model().to(dtype)
+    ours = AdaScaleSGD(_groups(ours_model), num_gradients_to_accumulate=2, **KW)
+    ref = fairscale.AdaScale(torch.optim.SGD(_groups(ref_model), **KW), num_gradients_to_accumulate=2)
+    recorded = []
+    real_norm = adascale_module._squared_norm
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(adascale_module, "_squared_norm", lambda t: recorded.append(real_norm(t)) or recorded[-1])
+        ours_gains = _train(_cast(ours_model, dtype), ours, 8, preview=True)
+    # fairscale sums the per-sample norms in a torch.zeros of the default dtype: make it the params'
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        ref_gains = _train(_cast(ref_model, dtype), ref, 8, preview=True)
+    finally:
+        torch.set_default_dtype(default)
+    ref.unhook()
+    assert {t.dtype for t in recorded} == {dtype}  # fp32 norms in fp32, fp64 norms in fp64
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    assert ours_gains == [pytest.approx(g, abs=tol) for g in ref_gains]
+    _assert_params_close(ours_model, ref_model, tol)
+    assert all(p.dtype == dtype for p in ours_model.parameters())
+
+
+class _cast(torch.nn.Module):
+    """Run ``model`` on inputs cast to ``dtype`` (the test batches are float32)."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.model, self.dtype = model, dtype
+
+    def forward(self, x):  # noqa: D102
+        return self.model(x.to(self.dtype)).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_params_accumulate_norms_in_float32(dtype) -> None:
+    model = _model().to(dtype)
+    opt = AdaScaleSGD(model.parameters(), num_gradients_to_accumulate=2, **KW)
+    ref_model = _model()
+    ref = AdaScaleSGD(ref_model.parameters(), num_gradients_to_accumulate=2, **KW)
+    recorded = []
+    real_norm = adascale_module._squared_norm
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(adascale_module, "_squared_norm", lambda t: recorded.append(real_norm(t)) or recorded[-1])
+        gains = _train(_cast(model, dtype), opt, 3)
+    ref_gains = _train(ref_model, ref, 3)
+    assert {t.dtype for t in recorded} == {torch.float32}
+    assert all(p.dtype == dtype for p in model.parameters())
+    assert [g[-1] for g in gains] == pytest.approx([g[-1] for g in ref_gains], rel=0.05)
+
+
+# ------------------------------------------------------------------ torch.compile
+def _backward(model: torch.nn.Module, step: int, accum: int = 2) -> None:
+    for micro in range(accum):
+        x, y = _batch(step, micro)
+        (torch.nn.functional.mse_loss(model(x), y) / accum).backward()
+
+
+def test_compiled_step_has_no_more_graph_breaks_than_torch_sgd() -> None:
+    torch._dynamo.reset()
+    sgd_model, model = _model(), _model()
+    sgd = torch.optim.SGD(_groups(sgd_model), **KW)
+    opt = AdaScaleSGD(_groups(model), num_gradients_to_accumulate=2, **KW)
+    explained = {}
+    for name, o, m in (("sgd", sgd, sgd_model), ("adascale", opt, model)):
+        o.zero_grad()
+        _backward(m, 0)
+        o.step()  # momentum buffers exist: the steady-state step is traced
+        o.zero_grad()
+        _backward(m, 1)
+        explained[name] = torch._dynamo.explain(o.step)()
+    assert explained["sgd"].graph_break_count == 0  # what torch's SGD has today
+    ours = explained["adascale"]
+    assert ours.graph_break_count <= explained["sgd"].graph_break_count, [str(b.reason) for b in ours.break_reasons]
+    assert ours.graph_count == 1
+
+
+def test_compiled_step_matches_eager() -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager_model, compiled_model = _model(), _model()
+    eager = AdaScaleSGD(_groups(eager_model), num_gradients_to_accumulate=2, **KW)
+    compiled = AdaScaleSGD(_groups(compiled_model), num_gradients_to_accumulate=2, **KW)
+    step = torch.compile(compiled.step)
+    for i in range(5):
+        for opt, model, run in ((eager, eager_model, eager.step), (compiled, compiled_model, step)):
+            opt.zero_grad()
+            _backward(model, i)
+            if i == 3:  # the fairscale-style read before the step
+                assert opt.gain() > 1.0
+            run()
+        assert compiled.gain() == pytest.approx(eager.gain(), rel=1e-6)
+        assert compiled.progress == pytest.approx(eager.progress, rel=1e-6)
+        _assert_params_close(eager_model, compiled_model, 1e-6)
+    assert not counters["graph_break"], dict(counters["graph_break"])

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -104,6 +105,18 @@ def _check_samples(world_size: int, num_gradients_to_accumulate: int) -> None:
             problems=[("num_gradients_to_accumulate", f"world size {world_size} x {num_gradients_to_accumulate} < 2")],
             target="AdaScaleSGD",
         )
+
+
+@dataclass
+class _Accumulation:
+    """Where the running accumulation stands (transient, never saved). A separate
+    object, not optimizer attributes: torch.compile keeps assignments to this
+    object's fields, but drops plain attribute assignments on an optimizer."""
+
+    backwards: int = 0  # backward passes counted since the last step
+    queued: bool = False  # a count callback is queued for the running backward pass
+    local: Tensor | None = None  # the all-reduced per-group sum of |g_i|^2, after the c-th pass
+    provisional: tuple[dict[str, Tensor], Tensor] | None = None  # (estimates before, |g|^2) once gain() measured
 
 
 class AdaScaleSGD(Optimizer):
@@ -201,7 +214,7 @@ class AdaScaleSGD(Optimizer):
         # sigma^2 (squared norm) starts at 1 and the variance at 0: gain 1 until measured.
         self._avg: dict[str, Tensor] = {}
         self._complete_estimates()
-        self._reset_accumulation()
+        self._acc = _Accumulation()
         for index, group in enumerate(self.param_groups):
             self._watch(index, group)
 
@@ -220,10 +233,8 @@ class AdaScaleSGD(Optimizer):
         """Forget the backward passes since the last step (transient, never saved)."""
         for parts in self._pending:
             parts.clear()
-        self._backwards = 0  # backward passes counted since the last step
-        self._queued = False  # a count callback is queued for the running backward pass
-        self._local: Tensor | None = None  # the all-reduced per-group sum of |g_i|^2, after the c-th pass
-        self._provisional: tuple[dict[str, Tensor], Tensor] | None = None  # set when gain() measured first
+        acc = self._acc  # its fields are reset, never the object (see _Accumulation)
+        acc.backwards, acc.queued, acc.local, acc.provisional = 0, False, None, None
 
     # ----------------------------------------------------------------- hooks
     def _watch(self, index: int, group: Mapping[str, Any]) -> None:
@@ -235,8 +246,8 @@ class AdaScaleSGD(Optimizer):
             opt = ref()
             if opt is not None:
                 opt._pending[index].append(_squared_norm(grad.detach()))
-                if not opt._queued:  # once per backward pass: count it when the pass ends
-                    opt._queued = True
+                if not opt._acc.queued:  # once per backward pass: count it when the pass ends
+                    opt._acc.queued = True
                     Variable._execution_engine.queue_callback(opt._backward_done)
 
         for p in group["params"]:
@@ -248,22 +259,22 @@ class AdaScaleSGD(Optimizer):
         ``c``-th, sum the recorded norms and all-reduce them (one tensor of
         ``n_groups`` numbers; stream-ordered on NCCL), so neither ``gain()`` nor
         ``step()`` needs a collective."""
-        self._queued = False
-        self._backwards += 1
-        if self._backwards != self.num_gradients_to_accumulate:
+        self._acc.queued = False
+        self._acc.backwards += 1
+        if self._acc.backwards != self.num_gradients_to_accumulate:
             return
         local = torch.stack([_sum64(parts, self._device) for parts in self._pending])
         for parts in self._pending:
             parts.clear()
         if self.world_size > 1:
             dist.all_reduce(local)
-        self._local = local
+        self._acc.local = local
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         if not hasattr(self, "_avg"):  # called from torch's __init__; __init__ watches the groups
             return
-        if self._backwards:
+        if self._acc.backwards:
             raise AccumulationError("AdaScaleSGD: add param groups between steps, not during the accumulation.")
         self._watch(len(self.param_groups) - 1, self.param_groups[-1])
         for name, value in self._avg.items():
@@ -312,14 +323,15 @@ class AdaScaleSGD(Optimizer):
         loss scale the preview measures the gradients as they are (gains hardly
         depend on a constant loss scale); ``step(scale=...)`` or GradScaler then
         measures them again on their true scale."""
-        if self._local is not None and self._provisional is None and self._backwards == self.num_gradients_to_accumulate:
+        acc = self._acc
+        if acc.local is not None and acc.provisional is None and acc.backwards == self.num_gradients_to_accumulate:
             snapshot = {k: v.clone() for k, v in self._avg.items()}
             total = torch.stack([
                 _sum64([_squared_norm(p.grad) for p in g["params"] if p.grad is not None], self._device)
                 for g in self.param_groups
             ])
-            self._observe(self._local, total, 1.0)
-            self._provisional = (snapshot, total)
+            self._observe(self._acc.local, total, 1.0)
+            self._acc.provisional = (snapshot, total)
         var, sqr = self._avg["grad_var_avg"], self._avg["grad_sqr_avg"]
         if pg_idx is None:
             v, s = float(var.sum()), float(sqr.sum())
@@ -345,10 +357,10 @@ class AdaScaleSGD(Optimizer):
         batch relative to the tuned one changed. With ``update_smoothing`` the
         smoothing becomes ``max(1 - world size x n / 1000, 0)``. Call it between
         steps, not in the middle of an accumulation."""
-        if self._backwards:
+        if self._acc.backwards:
             raise AccumulationError(
                 f"AdaScaleSGD.set_num_gradients_to_accumulate({num_gradients_to_accumulate}) was called after "
-                f"{self._backwards} backward pass(es) of a step; call it after step() or zero_grad()."
+                f"{self._acc.backwards} backward pass(es) of a step; call it after step() or zero_grad()."
             )
         hp = validate_hparams(
             self.config_schema,
@@ -366,7 +378,7 @@ class AdaScaleSGD(Optimizer):
 
     # -------------------------------------------------------------------- step
     def _check_backwards(self) -> None:
-        c, done = self.num_gradients_to_accumulate, self._backwards
+        c, done = self.num_gradients_to_accumulate, self._acc.backwards
         if done and done != c:
             raise AccumulationError(
                 f"AdaScaleSGD.step() after {done} backward pass(es), but num_gradients_to_accumulate is {c}: "
@@ -406,23 +418,23 @@ class AdaScaleSGD(Optimizer):
         if grad_scale is not None:
             scale = scale * float(grad_scale)
         if found_inf is not None and float(found_inf) != 0.0:  # GradScaler: skip this step's update
-            if self._provisional is not None:  # gain() measured inf/NaN gradients: undo
-                for name, value in self._provisional[0].items():
+            if self._acc.provisional is not None:  # gain() measured inf/NaN gradients: undo
+                for name, value in self._acc.provisional[0].items():
                     self._avg[name].copy_(value)
             self._reset_accumulation()
             return loss
 
-        measured = self._local is not None
-        provisional = self._provisional
+        measured = self._acc.local is not None
+        provisional = self._acc.provisional
         update_scale = scale if self.is_scaled_loss else scale * self.num_gradients_to_accumulate
         passes = [self._first_pass(group, update_scale, measure=provisional is None) for group in self.param_groups]
         if measured and provisional is None:
             total = torch.stack([_sum64(squares, self._device) for squares, *_ in passes])
-            self._observe(self._local, total, scale)
+            self._observe(self._acc.local, total, scale)
         elif provisional is not None and scale != 1.0:  # gain() measured at scale 1: measure on the true scale
             for name, value in provisional[0].items():
                 self._avg[name].copy_(value)
-            self._observe(self._local, provisional[1], scale)
+            self._observe(self._acc.local, provisional[1], scale)
         elif not measured and not torch.compiler.is_compiling():
             self._warn_unmeasured()
         self._reset_accumulation()
@@ -526,7 +538,7 @@ class AdaScaleSGD(Optimizer):
             biased, unbias = avg[name + "_biased"], avg[name + "_unbias"]
             biased.mul_(f).add_(value, alpha=1 - f)
             unbias.mul_(f).add_(1 - f)
-            torch.div(biased, unbias, out=avg[name])
+            avg[name].copy_(biased / unbias)
         else:  # Appendix B.3: the plain mean for the first 1 / (1 - f) steps, then the EWMA
             count, total = avg[name + "_count"], avg[name + "_total"]
             count.add_(1)
@@ -538,15 +550,14 @@ class AdaScaleSGD(Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update({k: self.__dict__[k] for k in _PICKLED if k in self.__dict__})
-        for k in ("_hook_handles", "_pending", "_local", "_provisional", "_queued", "_backwards"):
+        for k in ("_hook_handles", "_pending", "_acc"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         if "_avg" in state:  # unpickled or deep-copied: hooks do not travel with the params
-            self._hook_handles, self._pending = [], []
-            self._reset_accumulation()
+            self._hook_handles, self._pending, self._acc = [], [], _Accumulation()
             for index, group in enumerate(self.param_groups):
                 self._watch(index, group)
 
