@@ -443,3 +443,36 @@ def test_compiled_step_matches_eager() -> None:
         assert compiled.progress == pytest.approx(eager.progress, rel=1e-6)
         _assert_params_close(eager_model, compiled_model, 1e-6)
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+# ---------------------------------------------------------- checkpoint shape checks
+def _sized_model(hidden: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 2))
+
+
+@pytest.mark.parametrize("saved, loaded", [(32, 16), (16, 32)], ids=["larger-to-smaller", "smaller-to-larger"])
+def test_checkpoint_from_a_different_shaped_model_is_an_error(saved, loaded) -> None:
+    model = _sized_model(saved)
+    opt = AdaScaleSGD(_groups(model), num_gradients_to_accumulate=2, **KW)
+    _train(model, opt, 2)
+    sd = opt.state_dict()
+    other = AdaScaleSGD(_groups(_sized_model(loaded)), num_gradients_to_accumulate=2, **KW)
+    before = {k: v.clone() for k, v in other._avg.items()}
+    with pytest.raises(optcore.ConfigError, match="different model") as info:
+        other.load_state_dict(sd)
+    assert "adascale.group_numel" in {f for f, _ in info.value.problems}
+    assert all(torch.equal(v, before[k]) for k, v in other._avg.items()) and not other.state  # nothing loaded
+
+
+def test_checkpoint_estimates_of_another_group_count_are_an_error() -> None:
+    model = _model()
+    opt = AdaScaleSGD(_groups(model), num_gradients_to_accumulate=2, **KW)
+    _train(model, opt, 2)
+    sd = opt.state_dict()
+    sd["adascale"] = {k: v for k, v in sd["adascale"].items() if k != "group_numel"}  # an older checkpoint
+    sd["adascale"]["grad_var_avg"] = torch.zeros(3, dtype=torch.float64)
+    fresh = AdaScaleSGD(_groups(_model()), num_gradients_to_accumulate=2, **KW)
+    with pytest.raises(optcore.ConfigError, match="different model") as info:
+        fresh.load_state_dict(sd)
+    assert [f for f, _ in info.value.problems] == ["adascale.grad_var_avg"]
