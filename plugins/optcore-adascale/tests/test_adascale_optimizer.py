@@ -476,3 +476,23 @@ def test_checkpoint_estimates_of_another_group_count_are_an_error() -> None:
     with pytest.raises(optcore.ConfigError, match="different model") as info:
         fresh.load_state_dict(sd)
     assert [f for f, _ in info.value.problems] == ["adascale.grad_var_avg"]
+
+
+def test_gradients_kept_across_steps_are_measured_as_fairscale_does() -> None:
+    """Without zero_grad, .grad keeps the last step's gradient; the hooks' running
+    |.grad|^2 counts it, as fairscale's read of .grad does."""
+    fairscale = pytest.importorskip("fairscale.optim")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    runs = []
+    for make in (lambda m: AdaScaleSGD(_groups(m), num_gradients_to_accumulate=2, **KW),
+                 lambda m: fairscale.AdaScale(torch.optim.SGD(_groups(m), **KW), num_gradients_to_accumulate=2)):
+        model = _model()
+        opt = make(model)
+        gains = []
+        for step in range(4):
+            _backward(model, step)
+            gains.append(opt.gain())
+            opt.step()
+        runs.append((gains, model))
+    assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-6)
+    _assert_params_close(runs[0][1], runs[1][1])

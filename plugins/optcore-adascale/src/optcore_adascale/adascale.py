@@ -65,6 +65,24 @@ def _squared_norm(t: Tensor) -> Tensor:
     return torch.linalg.vector_norm(t, dtype=torch.promote_types(t.dtype, torch.float32)).square()
 
 
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    """``<a, b>`` as a 0-d tensor, accumulated like :func:`_squared_norm`."""
+    if a.dtype == b.dtype and a.dtype in (torch.float32, torch.float64) and a.is_contiguous() and b.is_contiguous():
+        return torch.dot(a.view(-1), b.view(-1))
+    acc = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    return (a.to(acc) * b.to(acc)).sum()
+
+
+def _apply(params: list[Tensor], directions: list[Tensor], gain: float | Tensor, factor: float) -> None:
+    """``p += factor * gain * direction``; a tensor gain (under torch.compile) stays on device."""
+    if isinstance(gain, Tensor):
+        torch._foreach_add_(params, torch._foreach_mul(directions, gain * factor))
+    elif len(params) == 1:
+        params[0].add_(directions[0], alpha=factor * gain)
+    else:
+        torch._foreach_add_(params, directions, alpha=factor * gain)
+
+
 def _sum64(parts: list[Tensor], device: torch.device) -> Tensor:
     """The sum of 0-d tensors in float64 (0 if none)."""
     if not parts:
@@ -116,6 +134,7 @@ class _Accumulation:
     backwards: int = 0  # backward passes counted since the last step
     queued: bool = False  # a count callback is queued for the running backward pass
     local: Tensor | None = None  # the all-reduced per-group sum of |g_i|^2, after the c-th pass
+    total: Tensor | None = None  # per-group |.grad|^2 from the hooks, after the c-th pass (one process)
     provisional: tuple[dict[str, Tensor], Tensor] | None = None  # (estimates before, |g|^2) once gain() measured
 
 
@@ -193,6 +212,7 @@ class AdaScaleSGD(Optimizer):
         _check_samples(self.world_size, hp["num_gradients_to_accumulate"])
         self._hook_handles: list[Any] = []
         self._pending: list[list[Tensor]] = []  # per group: |g_i|^2 recorded by the hooks since the last step
+        self._cross: list[list[Tensor]] = []  # per group (one process): what each g_i adds to |.grad|^2 besides |g_i|^2
         defaults = {k: hp[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov")}
         super().__init__(params, defaults)
         if any(_is_sharded(p) for g in self.param_groups for p in g["params"]):
@@ -231,28 +251,50 @@ class AdaScaleSGD(Optimizer):
 
     def _reset_accumulation(self) -> None:
         """Forget the backward passes since the last step (transient, never saved)."""
-        for parts in self._pending:
+        for parts in self._pending + self._cross:
             parts.clear()
         acc = self._acc  # its fields are reset, never the object (see _Accumulation)
-        acc.backwards, acc.queued, acc.local, acc.provisional = 0, False, None, None
+        acc.backwards, acc.queued, acc.local, acc.total, acc.provisional = 0, False, None, None, None
 
     # ----------------------------------------------------------------- hooks
     def _watch(self, index: int, group: Mapping[str, Any]) -> None:
-        """Record the squared norm of every gradient autograd produces for ``group``'s params."""
+        """Record the squared norm of every gradient autograd produces for ``group``'s params.
+
+        In one process the hook also records what the gradient adds to
+        ``|.grad|^2`` besides its own square (``2 <.grad, g>``, plus ``|.grad|^2``
+        of a gradient left from before the step), so that after the last backward
+        ``|.grad|^2 = local + cross`` is known without reading ``.grad`` again, and
+        ``step()`` can update each parameter in one pass. ``.grad`` is read while
+        ``AccumulateGrad`` is about to read it. Under DDP ``.grad`` is averaged
+        after the hooks, so ``step()`` measures it instead."""
         self._pending.append([])
+        self._cross.append([])
         ref = weakref.ref(self)  # the hook must not keep the optimizer alive
 
-        def record(grad: Tensor) -> None:
-            opt = ref()
-            if opt is not None:
-                opt._pending[index].append(_squared_norm(grad.detach()))
+        def watch(p: Tensor) -> Callable[[Tensor], None]:
+            param = weakref.ref(p)
+
+            def record(grad: Tensor) -> None:
+                opt = ref()
+                if opt is None:
+                    return
+                g = grad.detach()
+                opt._pending[index].append(_squared_norm(g))
+                held = param().grad if opt.world_size == 1 else None  # type: ignore[union-attr]
+                if held is not None and not held.is_sparse:
+                    cross = 2 * _dot(held, g)
+                    if opt._acc.backwards == 0:  # left from before this step (no zero_grad)
+                        cross = cross + _squared_norm(held)
+                    opt._cross[index].append(cross)
                 if not opt._acc.queued:  # once per backward pass: count it when the pass ends
                     opt._acc.queued = True
                     Variable._execution_engine.queue_callback(opt._backward_done)
 
+            return record
+
         for p in group["params"]:
             if p.requires_grad:
-                self._hook_handles.append(p.register_hook(record))
+                self._hook_handles.append(p.register_hook(watch(p)))
 
     def _backward_done(self) -> None:
         """End of a backward pass that produced gradients for our params. After the
@@ -264,10 +306,12 @@ class AdaScaleSGD(Optimizer):
         if self._acc.backwards != self.num_gradients_to_accumulate:
             return
         local = torch.stack([_sum64(parts, self._device) for parts in self._pending])
-        for parts in self._pending:
-            parts.clear()
         if self.world_size > 1:
             dist.all_reduce(local)
+        else:  # |.grad|^2 = sum_i |g_i|^2 + the cross terms
+            self._acc.total = local + torch.stack([_sum64(parts, self._device) for parts in self._cross])
+        for parts in self._pending + self._cross:
+            parts.clear()
         self._acc.local = local
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -326,7 +370,7 @@ class AdaScaleSGD(Optimizer):
         acc = self._acc
         if acc.local is not None and acc.provisional is None and acc.backwards == self.num_gradients_to_accumulate:
             snapshot = {k: v.clone() for k, v in self._avg.items()}
-            total = torch.stack([
+            total = acc.total if acc.total is not None else torch.stack([
                 _sum64([_squared_norm(p.grad) for p in g["params"] if p.grad is not None], self._device)
                 for g in self.param_groups
             ])
@@ -424,31 +468,35 @@ class AdaScaleSGD(Optimizer):
             self._reset_accumulation()
             return loss
 
-        measured = self._acc.local is not None
-        provisional = self._acc.provisional
+        acc = self._acc
         update_scale = scale if self.is_scaled_loss else scale * self.num_gradients_to_accumulate
-        passes = [self._first_pass(group, update_scale, measure=provisional is None) for group in self.param_groups]
-        if measured and provisional is None:
-            total = torch.stack([_sum64(squares, self._device) for squares, *_ in passes])
-            self._observe(self._acc.local, total, scale)
-        elif provisional is not None and scale != 1.0:  # gain() measured at scale 1: measure on the true scale
-            for name, value in provisional[0].items():
-                self._avg[name].copy_(value)
-            self._observe(self._acc.local, provisional[1], scale)
-        elif not measured and not torch.compiler.is_compiling():
-            self._warn_unmeasured()
-        self._reset_accumulation()
-
-        gains = self._gains()  # per group, then the total
-        if torch.compiler.is_compiling():  # no host sync: the factor stays a tensor
+        if acc.local is not None and acc.total is None and acc.provisional is None:
+            # DDP: |.grad|^2 of the averaged gradient is read in the first pass
+            # (while each gradient is in cache), the gain applied in a second
+            passes = [self._first_pass(group, update_scale, measure=True) for group in self.param_groups]
+            self._observe(acc.local, torch.stack([_sum64(squares, self._device) for squares, *_ in passes]), scale)
+            self._reset_accumulation()
+            gains = self._gains()  # per group, then the total
+            factors = gains if torch.compiler.is_compiling() else gains.tolist()
             for index, (group, (_, params, directions, carried)) in enumerate(zip(self.param_groups, passes)):
                 if params:  # p -= lr * gain * direction
-                    torch._foreach_add_(params, torch._foreach_mul(directions, gains[index] * (-group["lr"] / carried)))
+                    _apply(params, directions, factors[index], -float(group["lr"]) / carried)
         else:
-            factors = gains.tolist()
-            for index, (group, (_, params, directions, carried)) in enumerate(zip(self.param_groups, passes)):
-                if params:
-                    torch._foreach_add_(params, directions, alpha=-float(group["lr"]) * factors[index] / carried)
+            # |.grad|^2 known from the hooks (one process) or from gain(): one pass per parameter
+            if acc.provisional is not None:
+                if scale != 1.0:  # gain() measured at scale 1: measure again on the true scale
+                    for name, value in acc.provisional[0].items():
+                        self._avg[name].copy_(value)
+                    self._observe(acc.local, acc.provisional[1], scale)
+            elif acc.local is not None:
+                self._observe(acc.local, acc.total, scale)
+            elif not torch.compiler.is_compiling():
+                self._warn_unmeasured()
+            self._reset_accumulation()
+            gains = self._gains()
+            factors = gains if torch.compiler.is_compiling() else gains.tolist()
+            for index, group in enumerate(self.param_groups):
+                self._first_pass(group, update_scale, measure=False, gain=factors[index])
         self._progress.add_(gains[-1])
         return loss
 
@@ -470,10 +518,11 @@ class AdaScaleSGD(Optimizer):
         return (var + sqr) / (var / self._scale + sqr)
 
     def _first_pass(
-        self, group: dict[str, Any], scale: float, measure: bool = True
+        self, group: dict[str, Any], scale: float, measure: bool = True, gain: float | Tensor | None = None
     ) -> tuple[list[Tensor], list[Tensor], list[Tensor], float]:
         """The part of torch.optim.SGD's update that does not need the gain (weight
-        decay, momentum), plus ``|g|^2`` if ``measure``.
+        decay, momentum), plus ``|g|^2`` if ``measure``; with ``gain``, the whole
+        update (``p -= lr * gain * direction`` while the direction is in cache).
 
         On CPU it runs tensor by tensor, as torch's CPU default does, so each
         gradient is still in cache when its norm is taken, and the usual
@@ -510,7 +559,11 @@ class AdaScaleSGD(Optimizer):
                         bufs[i] = self.state[p]["momentum_buffer"] = torch.mul(d[i], 1 / scale).detach()
                 # nesterov: d / scale + momentum * buf, still carrying scale
                 d = torch._foreach_add(d, bufs, alpha=momentum * scale) if nesterov else bufs
-            directions += d
+            carried = 1.0 if momentum and not nesterov else scale
+            if gain is not None:
+                _apply(chunk, d, gain, -float(group["lr"]) / carried)
+            else:
+                directions += d
             if measure:
                 squares += [_squared_norm(g) for g in grads]  # on CPU the gradient is still in cache
         return squares, params, directions, 1.0 if momentum and not nesterov else scale
@@ -550,14 +603,14 @@ class AdaScaleSGD(Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update({k: self.__dict__[k] for k in _PICKLED if k in self.__dict__})
-        for k in ("_hook_handles", "_pending", "_acc"):
+        for k in ("_hook_handles", "_pending", "_cross", "_acc"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         if "_avg" in state:  # unpickled or deep-copied: hooks do not travel with the params
-            self._hook_handles, self._pending, self._acc = [], [], _Accumulation()
+            self._hook_handles, self._pending, self._cross, self._acc = [], [], [], _Accumulation()
             for index, group in enumerate(self.param_groups):
                 self._watch(index, group)
 
