@@ -496,3 +496,29 @@ def test_gradients_kept_across_steps_are_measured_as_fairscale_does() -> None:
         runs.append((gains, model))
     assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-6)
     _assert_params_close(runs[0][1], runs[1][1])
+
+
+def test_param_reached_only_by_an_earlier_backward_is_measured_from_grad() -> None:
+    """The hooks' |.grad|^2 comes from the last backward; a param that only an
+    earlier one reached makes step() read .grad instead. Same numbers as fairscale."""
+    fairscale = pytest.importorskip("fairscale.optim")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    runs = []
+    for wrap in ("ours", "fairscale"):
+        torch.manual_seed(0)
+        a, b = torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(5))
+        if wrap == "ours":
+            opt = AdaScaleSGD([a, b], num_gradients_to_accumulate=2, **KW)
+        else:
+            opt = fairscale.AdaScale(torch.optim.SGD([a, b], **KW), num_gradients_to_accumulate=2)
+        gains = []
+        for step in range(4):
+            opt.zero_grad()
+            x = torch.randn(5, generator=torch.Generator().manual_seed(step))
+            ((a * x).sum() ** 2 + (b * x).sum() ** 2).backward()  # reaches a and b
+            ((a * x.flip(0)).sum() ** 2).backward()  # reaches a only
+            gains.append(opt.gain())
+            opt.step()
+        runs.append((gains, a.detach().clone(), b.detach().clone()))
+    assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-6) and runs[0][0][0] > 1.0
+    torch.testing.assert_close(runs[0][1:], runs[1][1:], atol=1e-6, rtol=1e-6)

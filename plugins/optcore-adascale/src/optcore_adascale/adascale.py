@@ -65,14 +65,6 @@ def _squared_norm(t: Tensor) -> Tensor:
     return torch.linalg.vector_norm(t, dtype=torch.promote_types(t.dtype, torch.float32)).square()
 
 
-def _dot(a: Tensor, b: Tensor) -> Tensor:
-    """``<a, b>`` as a 0-d tensor, accumulated like :func:`_squared_norm`."""
-    if a.dtype == b.dtype and a.dtype in (torch.float32, torch.float64) and a.is_contiguous() and b.is_contiguous():
-        return torch.dot(a.view(-1), b.view(-1))
-    acc = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
-    return (a.to(acc) * b.to(acc)).sum()
-
-
 def _apply(params: list[Tensor], directions: list[Tensor], gain: float | Tensor, factor: float) -> None:
     """``p += factor * gain * direction``; a tensor gain (under torch.compile) stays on device."""
     if isinstance(gain, Tensor):
@@ -135,6 +127,7 @@ class _Accumulation:
     queued: bool = False  # a count callback is queued for the running backward pass
     local: Tensor | None = None  # the all-reduced per-group sum of |g_i|^2, after the c-th pass
     total: Tensor | None = None  # per-group |.grad|^2 from the hooks, after the c-th pass (one process)
+    settled: int = 0  # how many params' |.grad|^2 that is
     provisional: tuple[dict[str, Tensor], Tensor] | None = None  # (estimates before, |g|^2) once gain() measured
 
 
@@ -212,7 +205,7 @@ class AdaScaleSGD(Optimizer):
         _check_samples(self.world_size, hp["num_gradients_to_accumulate"])
         self._hook_handles: list[Any] = []
         self._pending: list[list[Tensor]] = []  # per group: |g_i|^2 recorded by the hooks since the last step
-        self._cross: list[list[Tensor]] = []  # per group (one process): what each g_i adds to |.grad|^2 besides |g_i|^2
+        self._totals: list[list[Tensor]] = []  # per group (one process): |.grad|^2 after the last backward
         defaults = {k: hp[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov")}
         super().__init__(params, defaults)
         if any(_is_sharded(p) for g in self.param_groups for p in g["params"]):
@@ -251,50 +244,42 @@ class AdaScaleSGD(Optimizer):
 
     def _reset_accumulation(self) -> None:
         """Forget the backward passes since the last step (transient, never saved)."""
-        for parts in self._pending + self._cross:
+        for parts in self._pending + self._totals:
             parts.clear()
         acc = self._acc  # its fields are reset, never the object (see _Accumulation)
-        acc.backwards, acc.queued, acc.local, acc.total, acc.provisional = 0, False, None, None, None
+        acc.backwards, acc.queued, acc.local, acc.total, acc.settled, acc.provisional = 0, False, None, None, 0, None
 
     # ----------------------------------------------------------------- hooks
     def _watch(self, index: int, group: Mapping[str, Any]) -> None:
         """Record the squared norm of every gradient autograd produces for ``group``'s params.
 
-        In one process the hook also records what the gradient adds to
-        ``|.grad|^2`` besides its own square (``2 <.grad, g>``, plus ``|.grad|^2``
-        of a gradient left from before the step), so that after the last backward
-        ``|.grad|^2 = local + cross`` is known without reading ``.grad`` again, and
-        ``step()`` can update each parameter in one pass. ``.grad`` is read while
-        ``AccumulateGrad`` is about to read it. Under DDP ``.grad`` is averaged
-        after the hooks, so ``step()`` measures it instead."""
+        In one process a post-accumulate hook also records ``|.grad|^2`` in the
+        last backward pass, right after ``AccumulateGrad`` wrote ``.grad`` (so
+        ``step()`` knows the gain before it touches a parameter and updates each
+        in one pass). Under DDP ``.grad`` is averaged after the hooks, so
+        ``step()`` measures it instead."""
         self._pending.append([])
-        self._cross.append([])
+        self._totals.append([])
         ref = weakref.ref(self)  # the hook must not keep the optimizer alive
 
-        def watch(p: Tensor) -> Callable[[Tensor], None]:
-            param = weakref.ref(p)
-
-            def record(grad: Tensor) -> None:
-                opt = ref()
-                if opt is None:
-                    return
-                g = grad.detach()
-                opt._pending[index].append(_squared_norm(g))
-                held = param().grad if opt.world_size == 1 else None  # type: ignore[union-attr]
-                if held is not None and not held.is_sparse:
-                    cross = 2 * _dot(held, g)
-                    if opt._acc.backwards == 0:  # left from before this step (no zero_grad)
-                        cross = cross + _squared_norm(held)
-                    opt._cross[index].append(cross)
+        def record(grad: Tensor) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._pending[index].append(_squared_norm(grad.detach()))
                 if not opt._acc.queued:  # once per backward pass: count it when the pass ends
                     opt._acc.queued = True
                     Variable._execution_engine.queue_callback(opt._backward_done)
 
-            return record
+        def settle(param: Tensor) -> None:
+            opt = ref()
+            if opt is not None and opt._acc.backwards == opt.num_gradients_to_accumulate - 1 and param.grad is not None:
+                opt._totals[index].append(_squared_norm(param.grad))  # the last pass: .grad is final
 
         for p in group["params"]:
             if p.requires_grad:
-                self._hook_handles.append(p.register_hook(watch(p)))
+                self._hook_handles.append(p.register_hook(record))
+                if self.world_size == 1:
+                    self._hook_handles.append(p.register_post_accumulate_grad_hook(settle))
 
     def _backward_done(self) -> None:
         """End of a backward pass that produced gradients for our params. After the
@@ -308,9 +293,10 @@ class AdaScaleSGD(Optimizer):
         local = torch.stack([_sum64(parts, self._device) for parts in self._pending])
         if self.world_size > 1:
             dist.all_reduce(local)
-        else:  # |.grad|^2 = sum_i |g_i|^2 + the cross terms
-            self._acc.total = local + torch.stack([_sum64(parts, self._device) for parts in self._cross])
-        for parts in self._pending + self._cross:
+        else:  # |.grad|^2 of every param the last pass reached
+            self._acc.total = torch.stack([_sum64(parts, self._device) for parts in self._totals])
+            self._acc.settled = sum(len(parts) for parts in self._totals)
+        for parts in self._pending + self._totals:
             parts.clear()
         self._acc.local = local
 
@@ -369,6 +355,7 @@ class AdaScaleSGD(Optimizer):
         measures them again on their true scale."""
         acc = self._acc
         if acc.local is not None and acc.provisional is None and acc.backwards == self.num_gradients_to_accumulate:
+            self._check_settled()
             snapshot = {k: v.clone() for k, v in self._avg.items()}
             total = acc.total if acc.total is not None else torch.stack([
                 _sum64([_squared_norm(p.grad) for p in g["params"] if p.grad is not None], self._device)
@@ -421,6 +408,13 @@ class AdaScaleSGD(Optimizer):
         return {**super().optimizer_config, **self._global_hparams()}
 
     # -------------------------------------------------------------------- step
+    def _check_settled(self) -> None:
+        """Drop the hooks' ``|.grad|^2`` if the last pass did not reach every
+        ``.grad`` (a param used only in earlier passes): ``.grad`` is read instead."""
+        acc = self._acc
+        if acc.total is not None and acc.settled != sum(p.grad is not None for g in self.param_groups for p in g["params"]):
+            acc.total = None
+
     def _check_backwards(self) -> None:
         c, done = self.num_gradients_to_accumulate, self._acc.backwards
         if done and done != c:
@@ -469,6 +463,7 @@ class AdaScaleSGD(Optimizer):
             return loss
 
         acc = self._acc
+        self._check_settled()
         update_scale = scale if self.is_scaled_loss else scale * self.num_gradients_to_accumulate
         if acc.local is not None and acc.total is None and acc.provisional is None:
             # DDP: |.grad|^2 of the averaged gradient is read in the first pass
@@ -603,14 +598,14 @@ class AdaScaleSGD(Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update({k: self.__dict__[k] for k in _PICKLED if k in self.__dict__})
-        for k in ("_hook_handles", "_pending", "_cross", "_acc"):
+        for k in ("_hook_handles", "_pending", "_totals", "_acc"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         if "_avg" in state:  # unpickled or deep-copied: hooks do not travel with the params
-            self._hook_handles, self._pending, self._cross, self._acc = [], [], [], _Accumulation()
+            self._hook_handles, self._pending, self._totals, self._acc = [], [], [], _Accumulation()
             for index, group in enumerate(self.param_groups):
                 self._watch(index, group)
 
