@@ -58,7 +58,10 @@ def _batch(step: int, micro: int, rank: int) -> tuple[torch.Tensor, torch.Tensor
     return torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
 
 
-def _train(ddp: DDP, opt: torch.optim.Optimizer, rank: int, steps: int, accum: int) -> None:
+def _train(ddp: DDP, opt: torch.optim.Optimizer, rank: int, steps: int, accum: int) -> list[float]:
+    """Train; return ``opt.gain()`` read after the last backward, before each step
+    (fairscale's documented ``step += optim.gain()``)."""
+    gains = []
     for step in range(steps):
         opt.zero_grad()
         for micro in range(accum):
@@ -69,7 +72,42 @@ def _train(ddp: DDP, opt: torch.optim.Optimizer, rank: int, steps: int, accum: i
                     loss.backward()
             else:
                 loss.backward()
+        gains.append(opt.gain())
         opt.step()
+    return gains
+
+
+#: failures of optcore's core, not of AdaScaleSGD (checked strictly, so a fix is noticed):
+#: the contract's clip_grad_norm takes norms with dtype=float32, which refuses float64 grads.
+KNOWN_CORE_FAILURES = {(torch.float64, "grad_ops"): "should be convertible without narrowing"}
+
+
+def _conformance_on_two_ranks() -> None:
+    """optcore's conformance kit, whose loop runs one backward per step: on 2 ranks
+    that is 2 gradient samples with num_gradients_to_accumulate=1. The kit builds its
+    model and data in the default dtype, so float64 runs the whole kit in float64."""
+    from optcore.testing import CHECKS, ConformanceInputs, run_check
+
+    inputs = ConformanceInputs(config={"lr": 0.05, "momentum": 0.9})
+    for dtype in (torch.float32, torch.float64):
+        torch.set_default_dtype(dtype)
+        try:
+            for check in CHECKS:
+                known = KNOWN_CORE_FAILURES.get((dtype, check))
+                if known:  # strict: passing means the core was fixed; drop the entry
+                    try:
+                        run_check(check, {"type": "AdaScaleSGD"}, inputs)
+                    except Exception as exc:  # noqa: BLE001
+                        assert known in str(exc), (dtype, check, exc)
+                    else:
+                        raise AssertionError(f"{dtype} {check} passes now: remove it from KNOWN_CORE_FAILURES")
+                    continue
+                try:
+                    run_check(check, {"type": "AdaScaleSGD"}, inputs)
+                except Exception as exc:
+                    raise AssertionError(f"{dtype} {check}: {exc}") from exc
+        finally:
+            torch.set_default_dtype(torch.float32)
 
 
 def _worker(rank: int, world_size: int) -> None:
@@ -96,13 +134,16 @@ def _worker(rank: int, world_size: int) -> None:
 
         dist.all_reduce = counting
         try:
-            _train(DDP(ours_model), ours, rank, steps=8, accum=accum)
+            ours_gains = _train(DDP(ours_model), ours, rank, steps=8, accum=accum)
         finally:
             dist.all_reduce = all_reduce
-        assert len(calls) == 8 and all(t.numel() == 3 for t in calls), [t.shape for t in calls]
+        # one all-reduce of n_groups numbers per step (gain() before step() adds none)
+        assert len(calls) == 8 and all(t.numel() == 2 for t in calls), [t.shape for t in calls]
 
-        _train(DDP(ref_model), ref, rank, steps=8, accum=accum)
+        ref_gains = _train(DDP(ref_model), ref, rank, steps=8, accum=accum)
         ref.unhook()
+        assert ours_gains == pytest.approx(ref_gains, abs=1e-6), (accum, ours_gains, ref_gains)
+        assert ours.progress == pytest.approx(sum(ref_gains), abs=1e-5)
         for i in (0, 1, None):
             assert abs(ours.gain(i) - ref.gain(i)) < 1e-6, (accum, i, ours.gain(i), ref.gain(i))
         assert ours.gain() > 1.0
@@ -114,6 +155,7 @@ def _worker(rank: int, world_size: int) -> None:
         gathered = [torch.empty_like(flat) for _ in range(world_size)]
         dist.all_gather(gathered, flat)
         assert all(torch.equal(gathered[0], g) for g in gathered)
+    _conformance_on_two_ranks()
     dist.barrier()
     # Skip interpreter teardown: gloo's threads can abort it (pytorch/pytorch#179291).
     sys.stdout.flush()
@@ -121,6 +163,6 @@ def _worker(rank: int, world_size: int) -> None:
     os._exit(0)
 
 
-def test_ddp_two_ranks_match_fairscale_with_one_small_all_reduce_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ddp_two_ranks_match_fairscale_gain_before_step_and_pass_conformance_in_fp32_fp64(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("fairscale")
     _run(monkeypatch, _worker, 2)

@@ -5,7 +5,8 @@ through the ``optcore.optimizers`` entry point.
 """
 
 from ._config import AdaScaleSGDConfig
+from ._errors import AccumulationError
 from .adascale import AdaScaleSGD
 
-__all__ = ["AdaScaleSGD", "AdaScaleSGDConfig"]
+__all__ = ["AccumulationError", "AdaScaleSGD", "AdaScaleSGDConfig"]
 __version__ = "0.1.0"

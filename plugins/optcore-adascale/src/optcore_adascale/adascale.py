@@ -7,8 +7,8 @@ rate by the gain ratio ``r`` (between 1 and ``S``)::
 
     c = num_gradients_to_accumulate, N = world size, n = c * N samples per step
     g_i      the gradient of one worker's accumulation step (seen by a hook, before DDP averages)
-    g        = mean_i g_i                      (the .grad that step() reads)
-    local    = sum_i |g_i|^2                   (all-reduced: ONE tensor of n_groups + 1 numbers)
+    g        = mean_i g_i                      (the .grad after the c-th backward)
+    local    = sum_i |g_i|^2                   (all-reduced: ONE tensor of n_groups numbers)
     total    = |g|^2
     var      = S / (n - 1) * (local / n - total)      trace of the gradient covariance, at scale S
     sqr      = total - var / S                         squared norm of the true gradient
@@ -21,48 +21,74 @@ Design: a tensor hook on each parameter records ``|g_i|^2`` when autograd
 produces the gradient, which is before ``AccumulateGrad`` adds it to ``.grad``
 and before DDP's reducer (a post-accumulate hook) averages it across ranks; so
 the same hook sees every accumulation step under ``no_sync`` and every worker's
-own gradient. Everything else happens in ``step()``, when ``.grad`` holds the
-averaged gradient: no autograd-engine callbacks and no counting of backward
-passes (fairscale needs both), and one all-reduce of ``n_groups + 1`` numbers.
+own gradient. The first hook of a backward pass queues one engine callback that
+counts the pass; after the ``c``-th it sums and all-reduces the recorded norms
+(eagerly, outside ``step()``). ``|g|^2`` is read in ``step()``, fused with the
+momentum update, unless ``gain()`` asks for the coming step's gain first (then
+``gain()`` reads it, as fairscale does at the end of the last backward).
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.autograd import Variable
 
-from optcore import ConfigError, Optimizer, validate_hparams
-from optcore import GroupSelector
+from optcore import ConfigError, GroupSelector, Optimizer, validate_hparams
 
+from . import _cpu_kernel
 from ._config import AdaScaleSGDConfig
+from ._errors import AccumulationError
 
 _F64 = torch.float64
 #: attributes that a pickle or deep copy carries besides torch's defaults, state and groups.
 _PICKLED = ("world_size", "num_gradients_to_accumulate", "is_scaled_loss", "debias_ewma",
-            "_smoothing", "_scale", "_progress", "_avg")
+            "_smoothing", "_scale", "_progress", "_avg", "_device")
 #: AdaScale's own hyper-parameters: global, so they live on the optimizer, not in param groups.
 _GLOBAL_HPARAMS = ("num_gradients_to_accumulate", "scale", "smoothing", "is_scaled_loss", "debias_ewma")
+_ESTIMATES = ("grad_sqr_avg", "grad_var_avg")
 
 
 def _squared_norm(t: Tensor) -> Tensor:
-    """``|t|^2`` as a 0-d tensor: BLAS ``dot`` for dense fp32 (on CPU faster than
-    torch's norm reduction, which barely uses a second thread), else ``vector_norm`` in fp32."""
-    if t.dtype == torch.float32 and t.is_contiguous():
+    """``|t|^2`` as a 0-d tensor, accumulated in fp32 or the tensor's own
+    precision if higher (fp64). Dense fp32/fp64 use BLAS ``dot`` (on CPU faster
+    than torch's norm reduction, which barely uses a second thread)."""
+    if t.dtype in (torch.float32, torch.float64) and t.is_contiguous():
         flat = t.view(-1)
         return torch.dot(flat, flat)
-    return torch.linalg.vector_norm(t, dtype=torch.float32).square()
+    return torch.linalg.vector_norm(t, dtype=torch.promote_types(t.dtype, torch.float32)).square()
+
+
+def _apply(params: list[Tensor], directions: list[Tensor], gain: float | Tensor, factor: float) -> None:
+    """``p += factor * gain * direction``; a tensor gain (under torch.compile) stays on device."""
+    if isinstance(gain, Tensor):
+        torch._foreach_add_(params, torch._foreach_mul(directions, gain * factor))
+    elif len(params) == 1:
+        params[0].add_(directions[0], alpha=factor * gain)
+    else:
+        torch._foreach_add_(params, directions, alpha=factor * gain)
+
+
+def _sum64(parts: list[Tensor], device: torch.device) -> Tensor:
+    """The sum of 0-d tensors in float64 (0 if none)."""
+    if not parts:
+        return torch.zeros((), dtype=_F64, device=device)
+    return torch.stack(parts).to(device, _F64).sum()
 
 
 def _chunks(params: list[Tensor]) -> list[list[Tensor]]:
     """One tensor at a time on CPU (cache-friendly, as torch's CPU default);
-    one multi-tensor batch on accelerators (fewer kernel launches)."""
-    return [[p] for p in params] if params[0].device.type == "cpu" else [params]
+    one multi-tensor batch on accelerators and under torch.compile."""
+    if params[0].device.type == "cpu" and not torch.compiler.is_compiling():
+        return [[p] for p in params]
+    return [params]
 
 
 def _is_sharded(t: Tensor) -> bool:
@@ -92,16 +118,32 @@ def _check_samples(world_size: int, num_gradients_to_accumulate: int) -> None:
         )
 
 
+@dataclass
+class _Accumulation:
+    """Where the running accumulation stands (transient, never saved). A separate
+    object, not optimizer attributes: torch.compile keeps assignments to this
+    object's fields, but drops plain attribute assignments on an optimizer."""
+
+    backwards: int = 0  # backward passes counted since the last step
+    queued: bool = False  # a count callback is queued for the running backward pass
+    local: Tensor | None = None  # the all-reduced per-group sum of |g_i|^2, after the c-th pass
+    total: Tensor | None = None  # per-group |.grad|^2 from the hooks, after the c-th pass (one process)
+    settled: int = 0  # how many params' |.grad|^2 that is
+    provisional: tuple[dict[str, Tensor], Tensor] | None = None  # (estimates before, |g|^2) once gain() measured
+
+
 class AdaScaleSGD(Optimizer):
     """SGD whose learning rate is scaled by AdaScale's gain ratio (see the module docstring).
 
     Build it after ``torch.distributed.init_process_group`` (the world size is read
-    then) and before the first backward pass. Under DDP, run the first
-    ``num_gradients_to_accumulate - 1`` backward passes of a step inside
-    ``model.no_sync()``. Statistics come from the gradients as autograd produced
-    them and ``.grad`` at ``step()``: anything that rescales ``.grad`` in between
-    (clipping, ``GradScaler.unscale_``) biases the variance estimate; pass a loss
-    scale as ``step(scale=...)`` or let ``GradScaler.step`` hand it over instead.
+    then) and before the first backward pass. Each step takes exactly
+    ``num_gradients_to_accumulate`` backward passes (under DDP, the first ones
+    inside ``model.no_sync()``); ``step()`` after fewer or more is an
+    :class:`AccumulationError`. ``gain()`` after the last backward pass is the
+    gain that ``step()`` will apply (fairscale's ``step += opt.gain()``).
+    Anything that rescales ``.grad`` between backward and ``step()`` (clipping,
+    ``GradScaler.unscale_``) biases the variance estimate; pass a loss scale as
+    ``step(scale=...)`` or let ``GradScaler.step`` hand it over instead.
     Gradients assigned by hand (no backward pass since the last step) leave the
     estimates, and so the gain, unchanged (with a one-time warning).
     """
@@ -120,9 +162,14 @@ class AdaScaleSGD(Optimizer):
     #: GradScaler hands over grad_scale / found_inf instead of unscaling .grad, which
     #: keeps the hook-recorded and the final gradients on the same scale.
     _step_supports_amp_scaling = True
-    #: for optcore.testing: one process needs two accumulated gradients per step.
+    #: for optcore.testing: the kit's loop runs one backward pass per step, which is one
+    #: gradient sample in one process; the plugin's tests run the kit on 2 gloo ranks.
     conformance_inputs: ClassVar[dict[str, Any]] = {
-        "config": {"lr": 0.05, "momentum": 0.9, "num_gradients_to_accumulate": 2}
+        "config": {"lr": 0.05, "momentum": 0.9},
+        "skip": {
+            "*": "AdaScaleSGD needs two gradient samples per step and the kit's loop gives one per process; "
+            "optcore-adascale's tests run the kit on 2 gloo ranks, in float32 and float64"
+        },
     }
 
     def __init__(
@@ -159,8 +206,17 @@ class AdaScaleSGD(Optimizer):
         _check_samples(self.world_size, hp["num_gradients_to_accumulate"])
         self._hook_handles: list[Any] = []
         self._pending: list[list[Tensor]] = []  # per group: |g_i|^2 recorded by the hooks since the last step
+        self._totals: list[list[Tensor]] = []  # per group (one process): |.grad|^2 after the last backward
+        self._deferred: list[dict[int, Any]] = []  # per group: params whose first |g|^2 the second pass reads
+        self._pair_sums = torch.zeros(0, 2, dtype=_F64)  # per group: [local, |.grad|^2] added by the C kernel
         defaults = {k: hp[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov")}
         super().__init__(params, defaults)
+        if any(_is_sharded(p) for g in self.param_groups for p in g["params"]):
+            raise ConfigError(
+                "AdaScaleSGD cannot step sharded (DTensor / FSDP) parameters: its variance estimate needs "
+                "each worker's whole gradient before averaging. Use DDP (gradient accumulation under "
+                "no_sync works), or an optimizer without cross-worker statistics."
+            )
 
         self.num_gradients_to_accumulate: int = hp["num_gradients_to_accumulate"]
         self.is_scaled_loss: bool = hp["is_scaled_loss"]
@@ -168,44 +224,137 @@ class AdaScaleSGD(Optimizer):
         samples = self.world_size * self.num_gradients_to_accumulate
         self._smoothing = float(hp["smoothing"] if hp["smoothing"] is not None else max(1 - samples / 1000, 0.0))
         self._scale = float(hp["scale"] if hp["scale"] is not None else samples)
-        self._progress = 0.0
-        n = len(self.param_groups)
+        self._device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
+        # shape (1,), not 0-d: torch.compile drops in-place updates of 0-d tensor attributes
+        self._progress = torch.zeros(1, dtype=_F64, device=self._device)
         # sigma^2 (squared norm) starts at 1 and the variance at 0: gain 1 until measured.
-        self._avg: dict[str, Tensor] = {
-            "grad_sqr_avg": torch.ones(n, dtype=_F64),
-            "grad_var_avg": torch.zeros(n, dtype=_F64),
-        }
-        if any(_is_sharded(p) for g in self.param_groups for p in g["params"]):
-            raise ConfigError(
-                "AdaScaleSGD cannot step sharded (DTensor / FSDP) parameters: its variance estimate needs "
-                "each worker's whole gradient before averaging. Use DDP (gradient accumulation under "
-                "no_sync works), or an optimizer without cross-worker statistics."
-            )
+        self._avg: dict[str, Tensor] = {}
+        self._complete_estimates()
+        self._acc = _Accumulation()
         for index, group in enumerate(self.param_groups):
             self._watch(index, group)
 
+    def _complete_estimates(self) -> None:
+        """Create every running-average tensor either EWMA mode needs (updated in
+        place, so a compiled step sees one fixed set of tensors)."""
+        n = len(self.param_groups)
+        for name in _ESTIMATES:
+            fill = 1.0 if name == "grad_sqr_avg" else 0.0
+            self._avg.setdefault(name, torch.full((n,), fill, dtype=_F64, device=self._device))
+            for suffix in ("_biased", "_unbias", "_total"):
+                self._avg.setdefault(name + suffix, torch.zeros(n, dtype=_F64, device=self._device))
+            self._avg.setdefault(name + "_count", torch.zeros(1, dtype=_F64, device=self._device))
+
+    def _reset_accumulation(self) -> None:
+        """Forget the backward passes since the last step (transient, never saved)."""
+        for parts in self._pending + self._totals:
+            parts.clear()
+        for deferred in self._deferred:
+            deferred.clear()
+        self._pair_sums.zero_()
+        acc = self._acc  # its fields are reset, never the object (see _Accumulation)
+        acc.backwards, acc.queued, acc.local, acc.total, acc.settled, acc.provisional = 0, False, None, None, 0, None
+
     # ----------------------------------------------------------------- hooks
     def _watch(self, index: int, group: Mapping[str, Any]) -> None:
-        """Record the squared norm of every gradient autograd produces for ``group``'s params."""
+        """Record the squared norm of every gradient autograd produces for ``group``'s params.
+
+        In one process ``step()`` also needs ``|.grad|^2`` to know the gain before
+        it touches a parameter (then it updates each in one pass). With two
+        accumulated gradients on CPU the first pass records nothing for a fresh
+        ``.grad`` and the second reads ``g`` and ``.grad`` once each in a C kernel
+        (``|g|^2``, the deferred ``|.grad|^2`` and ``|.grad + g|^2``): one
+        gradient read per backward pass. Otherwise a post-accumulate hook reads
+        ``.grad`` right after the last pass wrote it. Under DDP ``.grad`` is
+        averaged after the hooks, so ``step()`` measures it instead."""
         self._pending.append([])
+        self._totals.append([])
+        self._deferred.append({})
+        if hasattr(self, "_pair_sums"):
+            self._pair_sums = torch.zeros(len(self._pending), 2, dtype=_F64)
         ref = weakref.ref(self)  # the hook must not keep the optimizer alive
 
-        def record(grad: Tensor) -> None:
-            opt = ref()
-            if opt is not None:
-                opt._pending[index].append(_squared_norm(grad.detach()))
+        def watch(p: Tensor) -> tuple[Callable[[Tensor], None], Callable[[Tensor], None]]:
+            key, param = id(p), weakref.ref(p)
+            paired = [False]  # this pass's |.grad + g|^2 came from the kernel
+
+            def record(grad: Tensor) -> None:
+                opt = ref()
+                if opt is None:
+                    return
+                g, acc = grad.detach(), opt._acc
+                pair = opt.world_size == 1 and opt.num_gradients_to_accumulate == 2
+                held = param().grad if pair else None  # type: ignore[union-attr]
+                if pair and acc.backwards == 0 and held is None and _cpu_kernel.eligible(g, g):
+                    opt._deferred[index][key] = param  # the second pass reads it as .grad
+                elif pair and acc.backwards == 1 and held is not None and _cpu_kernel.eligible(g, held):
+                    first = opt._deferred[index].pop(key, None) is not None
+                    _cpu_kernel.add_sums(g, held, first, opt._pair_sums, index)
+                    acc.settled += 1
+                    paired[0] = True
+                else:
+                    opt._pending[index].append(_squared_norm(g))
+                    if held is not None and opt._deferred[index].pop(key, None) is not None:
+                        opt._pending[index].append(_squared_norm(held))  # the deferred first gradient
+                if not acc.queued:  # once per backward pass: count it when the pass ends
+                    acc.queued = True
+                    Variable._execution_engine.queue_callback(opt._backward_done)
+
+            def settle(q: Tensor) -> None:
+                opt = ref()
+                if paired[0]:
+                    paired[0] = False
+                elif opt is not None and opt._acc.backwards == opt.num_gradients_to_accumulate - 1:
+                    if q.grad is not None:  # the last pass: .grad is final
+                        opt._totals[index].append(_squared_norm(q.grad))
+
+            return record, settle
 
         for p in group["params"]:
             if p.requires_grad:
+                record, settle = watch(p)
                 self._hook_handles.append(p.register_hook(record))
+                if self.world_size == 1:
+                    self._hook_handles.append(p.register_post_accumulate_grad_hook(settle))
+
+    def _backward_done(self) -> None:
+        """End of a backward pass that produced gradients for our params. After the
+        ``c``-th, sum the recorded norms and all-reduce them (one tensor of
+        ``n_groups`` numbers; stream-ordered on NCCL), so neither ``gain()`` nor
+        ``step()`` needs a collective."""
+        self._acc.queued = False
+        self._acc.backwards += 1
+        if self._acc.backwards != self.num_gradients_to_accumulate:
+            return
+        for index, deferred in enumerate(self._deferred):  # reached by the first pass only: .grad is g_1
+            for param in deferred.values():
+                p = param()
+                if p is not None and p.grad is not None:
+                    square = _squared_norm(p.grad)
+                    self._pending[index].append(square)
+                    self._totals[index].append(square)
+            deferred.clear()
+        local = torch.stack([_sum64(parts, self._device) for parts in self._pending])
+        if self.world_size > 1:
+            dist.all_reduce(local)
+        else:  # |.grad|^2 of every param the last pass reached
+            paired = self._pair_sums.to(self._device)
+            local = local + paired[:, 0]
+            self._acc.total = torch.stack([_sum64(parts, self._device) for parts in self._totals]) + paired[:, 1]
+            self._acc.settled += sum(len(parts) for parts in self._totals)
+        for parts in self._pending + self._totals:
+            parts.clear()
+        self._acc.local = local
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         if not hasattr(self, "_avg"):  # called from torch's __init__; __init__ watches the groups
             return
+        if self._acc.backwards:
+            raise AccumulationError("AdaScaleSGD: add param groups between steps, not during the accumulation.")
         self._watch(len(self.param_groups) - 1, self.param_groups[-1])
         for name, value in self._avg.items():
-            if value.ndim:  # per-group vectors; "_count" is a scalar
+            if not name.endswith("_count"):  # per-group vectors; "_count" is one number
                 fill = 1.0 if name == "grad_sqr_avg" else 0.0
                 self._avg[name] = torch.cat([value, value.new_full((1,), fill)])
 
@@ -216,9 +365,8 @@ class AdaScaleSGD(Optimizer):
         self._hook_handles = []
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the gradients and forget the statistics recorded for them."""
-        for parts in self._pending:
-            parts.clear()
+        """Zero the gradients and forget the backward passes recorded for them."""
+        self._reset_accumulation()
         super().zero_grad(set_to_none)
 
     # ------------------------------------------------------------ public state
@@ -239,11 +387,28 @@ class AdaScaleSGD(Optimizer):
         Drive a schedule with it (``LambdaLR`` reading ``opt.progress``, or a
         scheduler stepped when it crosses the next integer) to train in the
         number of small-batch iterations the run stands for."""
-        return self._progress
+        return float(self._progress)
 
     def gain(self, pg_idx: int | None = None) -> float:
-        """The gain ratio ``r`` of the last step (1 before the first): of group
-        ``pg_idx``, or of all groups' summed statistics (what ``progress`` adds)."""
+        """The gain ratio ``r`` of group ``pg_idx``, or of all groups' summed
+        statistics (what ``progress`` adds); 1 before anything was measured.
+
+        After the last backward pass of a step it is the gain that ``step()``
+        will apply (it measures ``|.grad|^2`` now; fairscale does so at the end
+        of that backward pass); between steps, the gain of the last step. With a
+        loss scale the preview measures the gradients as they are (gains hardly
+        depend on a constant loss scale); ``step(scale=...)`` or GradScaler then
+        measures them again on their true scale."""
+        acc = self._acc
+        if acc.local is not None and acc.provisional is None and acc.backwards == self.num_gradients_to_accumulate:
+            self._check_settled()
+            snapshot = {k: v.clone() for k, v in self._avg.items()}
+            total = acc.total if acc.total is not None else torch.stack([
+                _sum64([_squared_norm(p.grad) for p in g["params"] if p.grad is not None], self._device)
+                for g in self.param_groups
+            ])
+            self._observe(self._acc.local, total, 1.0)
+            self._acc.provisional = (snapshot, total)
         var, sqr = self._avg["grad_var_avg"], self._avg["grad_sqr_avg"]
         if pg_idx is None:
             v, s = float(var.sum()), float(sqr.sum())
@@ -260,15 +425,52 @@ class AdaScaleSGD(Optimizer):
         if update_estimate:
             ratio = self._scale / float(scale)
             for name in ("grad_var_avg", "grad_var_avg_biased" if self.debias_ewma else "grad_var_avg_total"):
-                if name in self._avg:
-                    self._avg[name] = self._avg[name] * ratio
+                self._avg[name].mul_(ratio)
         self._scale = float(scale)
+
+    def set_num_gradients_to_accumulate(self, num_gradients_to_accumulate: int, update_smoothing: bool = True) -> None:
+        """Accumulate a new number of backward passes per step (fairscale's
+        method). ``scale`` stays as it is: call :meth:`set_scale` as well if the
+        batch relative to the tuned one changed. With ``update_smoothing`` the
+        smoothing becomes ``max(1 - world size x n / 1000, 0)``. Call it between
+        steps, not in the middle of an accumulation."""
+        if self._acc.backwards:
+            raise AccumulationError(
+                f"AdaScaleSGD.set_num_gradients_to_accumulate({num_gradients_to_accumulate}) was called after "
+                f"{self._acc.backwards} backward pass(es) of a step; call it after step() or zero_grad()."
+            )
+        hp = validate_hparams(
+            self.config_schema,
+            {**self._global_hparams(), "num_gradients_to_accumulate": num_gradients_to_accumulate},
+            "AdaScaleSGD",
+        )
+        _check_samples(self.world_size, hp["num_gradients_to_accumulate"])
+        self.num_gradients_to_accumulate = hp["num_gradients_to_accumulate"]
+        if update_smoothing:
+            self._smoothing = max(1 - self.world_size * self.num_gradients_to_accumulate / 1000, 0.0)
 
     @property
     def optimizer_config(self) -> dict[str, Any]:
         return {**super().optimizer_config, **self._global_hparams()}
 
     # -------------------------------------------------------------------- step
+    def _check_settled(self) -> None:
+        """Drop the hooks' ``|.grad|^2`` if the last pass did not reach every
+        ``.grad`` (a param used only in earlier passes): ``.grad`` is read instead."""
+        acc = self._acc
+        if acc.total is not None and acc.settled != sum(p.grad is not None for g in self.param_groups for p in g["params"]):
+            acc.total = None
+
+    def _check_backwards(self) -> None:
+        c, done = self.num_gradients_to_accumulate, self._acc.backwards
+        if done and done != c:
+            raise AccumulationError(
+                f"AdaScaleSGD.step() after {done} backward pass(es), but num_gradients_to_accumulate is {c}: "
+                f"each step takes exactly {c} (each one a gradient sample of the variance estimate, "
+                "under DDP the first ones inside model.no_sync()). Run the remaining backward passes, "
+                "or call set_num_gradients_to_accumulate() between steps if the accumulation changed."
+            )
+
     @torch.no_grad()
     def step(  # type: ignore[override]
         self,
@@ -276,9 +478,10 @@ class AdaScaleSGD(Optimizer):
         scale: float = 1.0,
         groups: GroupSelector = None,
     ) -> float | None:
-        """One AdaScale step: update the gradient statistics (one all-reduce when
-        distributed), then SGD with ``lr * gain`` on every group; gradients are
-        treated as divided by ``scale`` (and by GradScaler's ``grad_scale``)."""
+        """One AdaScale step: update the gradient statistics, then SGD with
+        ``lr * gain`` on every group; gradients are treated as divided by
+        ``scale`` (and by GradScaler's ``grad_scale``). Under torch.compile the
+        same step runs without host synchronisation (the gain stays a tensor)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -294,44 +497,73 @@ class AdaScaleSGD(Optimizer):
                 f"AdaScaleSGD was built for world size {self.world_size} but torch.distributed now has "
                 f"{_world_size()} ranks; build the optimizer after init_process_group."
             )
+        self._check_backwards()
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         if grad_scale is not None:
             scale = scale * float(grad_scale)
         if found_inf is not None and float(found_inf) != 0.0:  # GradScaler: skip this step's update
-            for parts in self._pending:
-                parts.clear()
+            if self._acc.provisional is not None:  # gain() measured inf/NaN gradients: undo
+                for name, value in self._acc.provisional[0].items():
+                    self._avg[name].copy_(value)
+            self._reset_accumulation()
             return loss
 
+        acc = self._acc
+        self._check_settled()
         update_scale = scale if self.is_scaled_loss else scale * self.num_gradients_to_accumulate
-        samples, work = self._reduce_samples()  # overlaps with the first pass
-        passes = [self._first_pass(group, update_scale) for group in self.param_groups]
-        if work is not None:
-            work.wait()
-        self._observe(samples, [squares for squares, *_ in passes], scale)
-        for index, (group, (_, params, directions, carried)) in enumerate(zip(self.param_groups, passes)):
-            if params:  # p -= lr * gain * direction
-                torch._foreach_add_(params, directions, alpha=-float(group["lr"]) * self.gain(index) / carried)
-        self._progress += self.gain()
+        if acc.local is not None and acc.total is None and acc.provisional is None:
+            # DDP: |.grad|^2 of the averaged gradient is read in the first pass
+            # (while each gradient is in cache), the gain applied in a second
+            passes = [self._first_pass(group, update_scale, measure=True) for group in self.param_groups]
+            self._observe(acc.local, torch.stack([_sum64(squares, self._device) for squares, *_ in passes]), scale)
+            self._reset_accumulation()
+            gains = self._gains()  # per group, then the total
+            factors = gains if torch.compiler.is_compiling() else gains.tolist()
+            for index, (group, (_, params, directions, carried)) in enumerate(zip(self.param_groups, passes)):
+                if params:  # p -= lr * gain * direction
+                    _apply(params, directions, factors[index], -float(group["lr"]) / carried)
+        else:
+            # |.grad|^2 known from the hooks (one process) or from gain(): one pass per parameter
+            if acc.provisional is not None:
+                if scale != 1.0:  # gain() measured at scale 1: measure again on the true scale
+                    for name, value in acc.provisional[0].items():
+                        self._avg[name].copy_(value)
+                    self._observe(acc.local, acc.provisional[1], scale)
+            elif acc.local is not None:
+                self._observe(acc.local, acc.total, scale)
+            elif not torch.compiler.is_compiling():
+                self._warn_unmeasured()
+            self._reset_accumulation()
+            gains = self._gains()
+            factors = gains if torch.compiler.is_compiling() else gains.tolist()
+            for index, group in enumerate(self.param_groups):
+                self._first_pass(group, update_scale, measure=False, gain=factors[index])
+        self._progress.add_(gains[-1])
         return loss
 
-    def _reduce_samples(self) -> tuple[Tensor, Any]:
-        """Sum the recorded ``|g_i|^2`` per group over ranks (one async all-reduce of
-        ``n_groups + 1`` numbers; the last says whether any rank recorded anything)."""
-        device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
-        zero = torch.zeros((), dtype=_F64, device=device)
-        local = [torch.stack(parts).to(device, _F64).sum() if parts else zero for parts in self._pending]
-        local.append(torch.tensor(float(any(self._pending)), dtype=_F64, device=device))
-        for parts in self._pending:
-            parts.clear()
-        samples = torch.stack(local)
-        work = dist.all_reduce(samples, async_op=True) if self.world_size > 1 else None
-        return samples, work
+    def _warn_unmeasured(self) -> None:
+        if not getattr(self, "_warned_unobserved", False):
+            self._warned_unobserved = True
+            warnings.warn(
+                "AdaScaleSGD stepped on gradients no backward pass produced through its parameters "
+                "(assigned by hand, or copied in by a wrapper holding master copies), so it measured "
+                f"nothing and keeps its gain ({self.gain():.3g}). Build it on the parameters autograd "
+                "writes to; for fp16 use autocast with torch.amp.GradScaler.",
+                stacklevel=3,
+            )
+
+    def _gains(self) -> Tensor:
+        """The gain of every group followed by the gain of the summed statistics."""
+        var, sqr = self._avg["grad_var_avg"], self._avg["grad_sqr_avg"]
+        var, sqr = torch.cat([var, var.sum().view(1)]), torch.cat([sqr, sqr.sum().view(1)])
+        return (var + sqr) / (var / self._scale + sqr)
 
     def _first_pass(
-        self, group: dict[str, Any], scale: float
+        self, group: dict[str, Any], scale: float, measure: bool = True, gain: float | Tensor | None = None
     ) -> tuple[list[Tensor], list[Tensor], list[Tensor], float]:
         """The part of torch.optim.SGD's update that does not need the gain (weight
-        decay, momentum), plus ``|g|^2``.
+        decay, momentum), plus ``|g|^2`` if ``measure``; with ``gain``, the whole
+        update (``p -= lr * gain * direction`` while the direction is in cache).
 
         On CPU it runs tensor by tensor, as torch's CPU default does, so each
         gradient is still in cache when its norm is taken, and the usual
@@ -368,29 +600,20 @@ class AdaScaleSGD(Optimizer):
                         bufs[i] = self.state[p]["momentum_buffer"] = torch.mul(d[i], 1 / scale).detach()
                 # nesterov: d / scale + momentum * buf, still carrying scale
                 d = torch._foreach_add(d, bufs, alpha=momentum * scale) if nesterov else bufs
-            directions += d
-            squares += [_squared_norm(g) for g in grads]  # on CPU the gradient is still in cache
+            carried = 1.0 if momentum and not nesterov else scale
+            if gain is not None:
+                _apply(chunk, d, gain, -float(group["lr"]) / carried)
+            else:
+                directions += d
+            if measure:
+                squares += [_squared_norm(g) for g in grads]  # on CPU the gradient is still in cache
         return squares, params, directions, 1.0 if momentum and not nesterov else scale
 
-    def _observe(self, samples: Tensor, squares: list[list[Tensor]], scale: float) -> None:
+    def _observe(self, local: Tensor, total: Tensor, scale: float) -> None:
         """Turn the summed per-sample ``|g_i|^2`` and the averaged gradient's
-        squared norms into new variance and squared-norm estimates (Appendix B.3)."""
-        n_groups = len(squares)
-        zero = samples.new_zeros(())
-        total = [torch.stack(sq).to(samples.device, _F64).sum() if sq else zero for sq in squares]
-        values = torch.cat([samples, torch.stack(total)]).cpu()
-        if values[n_groups] == 0:  # no backward pass on any rank since the last step
-            if not getattr(self, "_warned_unobserved", False) and bool(values[n_groups + 1 :].any()):
-                self._warned_unobserved = True
-                warnings.warn(
-                    "AdaScaleSGD stepped on gradients no backward pass produced through its parameters "
-                    "(assigned by hand, or copied in by a wrapper holding master copies), so it measured "
-                    f"nothing and keeps its gain ({self.gain():.3g}). Build it on the parameters autograd "
-                    "writes to; for fp16 use autocast with torch.amp.GradScaler.",
-                    stacklevel=4,
-                )
-            return
-        local_sqr, total_sqr = values[:n_groups] / scale**2, values[n_groups + 1 :] / scale**2
+        squared norms (per group, float64) into new variance and squared-norm
+        estimates (Appendix B.3). Tensor ops only: no host synchronisation."""
+        local_sqr, total_sqr = local / scale**2, total / scale**2
         c = self.num_gradients_to_accumulate
         if c > 1:  # put both on the scale of one accumulation step's loss
             if self.is_scaled_loss:
@@ -406,38 +629,74 @@ class AdaScaleSGD(Optimizer):
     def _update_avg(self, name: str, value: Tensor) -> None:
         f, avg = self._smoothing, self._avg
         if self.debias_ewma:
-            avg[name + "_biased"] = f * avg.get(name + "_biased", torch.zeros_like(value)) + (1 - f) * value
-            avg[name + "_unbias"] = f * avg.get(name + "_unbias", torch.zeros_like(value)) + (1 - f)
-            avg[name] = avg[name + "_biased"] / avg[name + "_unbias"]
+            biased, unbias = avg[name + "_biased"], avg[name + "_unbias"]
+            biased.mul_(f).add_(value, alpha=1 - f)
+            unbias.mul_(f).add_(1 - f)
+            avg[name].copy_(biased / unbias)
         else:  # Appendix B.3: the plain mean for the first 1 / (1 - f) steps, then the EWMA
-            count = avg.get(name + "_count", torch.zeros((), dtype=_F64)) + 1
-            avg[name + "_count"] = count
-            if count < 1 / (1 - f):
-                avg[name + "_total"] = avg.get(name + "_total", torch.zeros_like(value)) + value
-                avg[name] = avg[name + "_total"] / count
-            else:
-                avg[name] = f * avg[name] + (1 - f) * value
+            count, total = avg[name + "_count"], avg[name + "_total"]
+            count.add_(1)
+            early = count < 1 / (1 - f)
+            total.add_(torch.where(early, value, 0.0))
+            avg[name].copy_(torch.where(early, total / count, f * avg[name] + (1 - f) * value))
 
     # -------------------------------------------------------------- checkpoint
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update({k: self.__dict__[k] for k in _PICKLED if k in self.__dict__})
+        for k in ("_hook_handles", "_pending", "_totals", "_deferred", "_pair_sums", "_acc"):
+            state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         if "_avg" in state:  # unpickled or deep-copied: hooks do not travel with the params
-            self._hook_handles, self._pending = [], []
+            self._hook_handles, self._pending, self._totals, self._deferred = [], [], [], []
+            self._pair_sums, self._acc = torch.zeros(0, 2, dtype=_F64), _Accumulation()
             for index, group in enumerate(self.param_groups):
                 self._watch(index, group)
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's state dict plus an ``"adascale"`` entry of tensors and floats
-        (so ``torch.load(weights_only=True)`` reads it)."""
+        """torch's state dict plus an ``"adascale"`` entry of tensors, floats and
+        the parameter count of each group (so ``torch.load(weights_only=True)``
+        reads it, and a different model's estimates are refused on load)."""
         state = super().state_dict()
         estimates = {k: v.clone() for k, v in self._avg.items()}
-        state["adascale"] = {"scale": self._scale, "progress": self._progress, **estimates}
+        state["adascale"] = {
+            "scale": self._scale, "progress": self.progress, "group_numel": self._group_numel(), **estimates
+        }
         return state
+
+    def _group_numel(self) -> list[int]:
+        return [sum(p.numel() for p in g["params"]) for g in self.param_groups]
+
+    def _check_saved(self, saved: Mapping[str, Any]) -> None:
+        """Refuse AdaScale estimates measured on other parameters: they are sums
+        over each group's elements, so another model's would set a wrong gain."""
+        n = len(self.param_groups)
+        problems = []
+        numel = saved.get("group_numel")
+        if numel is not None and list(numel) != self._group_numel():
+            problems.append(("adascale.group_numel", f"checkpoint {list(numel)}, this optimizer {self._group_numel()}"))
+        for key, value in saved.items():
+            if key in ("scale", "progress", "group_numel"):
+                continue
+            shape = tuple(torch.as_tensor(value).shape)
+            want = (1,) if key.endswith("_count") else (n,)
+            if key.endswith("_count") and shape == ():
+                shape = (1,)
+            if not any(key == e or key.startswith(e + "_") for e in _ESTIMATES):
+                problems.append((f"adascale.{key}", "not an AdaScale estimate"))
+            elif shape != want:
+                problems.append((f"adascale.{key}", f"shape {shape}, expected {want} ({n} param groups)"))
+        if problems:
+            raise ConfigError(
+                "AdaScaleSGD.load_state_dict: the checkpoint's AdaScale estimates belong to a different model "
+                "(the numbers of elements or param groups differ). Load it into the model it was saved from, "
+                "or drop its 'adascale' entry to start the estimates afresh.",
+                problems=problems,
+                target="AdaScaleSGD",
+            )
 
     def load_state_dict(  # type: ignore[override]
         self, state_dict: Mapping[str, Any], optimizer_overrides: Mapping[str, Any] | None = None
@@ -448,15 +707,20 @@ class AdaScaleSGD(Optimizer):
         may set them, ``scale`` through :meth:`set_scale`."""
         state_dict = dict(state_dict)
         saved = state_dict.pop("adascale", None)
+        if saved is not None:
+            self._check_saved(saved)
         overrides = dict(optimizer_overrides or {})
         own = {k: overrides.pop(k) for k in _GLOBAL_HPARAMS if k in overrides}
         super().load_state_dict(state_dict, overrides or None)
+        self._reset_accumulation()
         if saved is not None:
-            current = self._scale
+            current, n = self._scale, len(self.param_groups)
             self._avg = {
-                k: torch.as_tensor(v, dtype=_F64).clone() for k, v in saved.items() if k not in ("scale", "progress")
+                k: torch.as_tensor(v, dtype=_F64).to(self._device).clone().reshape(-1 if k.endswith("_count") else n)
+                for k, v in saved.items() if k not in ("scale", "progress", "group_numel")
             }
-            self._progress = float(saved["progress"])
+            self._complete_estimates()
+            self._progress = torch.tensor([float(saved["progress"])], dtype=_F64, device=self._device)
             self._scale = float(saved["scale"])
             self.set_scale(current)
         if own:
