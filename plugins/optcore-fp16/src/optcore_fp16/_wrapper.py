@@ -146,6 +146,8 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
             self.scaler = loss_scaler
         else:
             self.scaler = DynamicLossScaler.from_config(loss_scaler)  # type: ignore[arg-type]
+        if self.scaler is not None:
+            self.scaler.limit_to(self._narrowest_grad_dtype())
         self._init_torch_bookkeeping()
         self.last_step_skipped = False
         self._warned_unscaled = False
@@ -290,7 +292,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
             overflow = not self._step_inner(indices, inner_scale, check=self._overflow is None)
         self.last_step_skipped = overflow
         if self.scaler is not None:
-            self.scaler.update(overflow)  # raises FloatingPointError at the minimum scale
+            self.scaler.update(overflow)  # raises MinimumLossScaleError (a FloatingPointError) at the minimum
         if groups is None:
             self._reset_cycle()
         else:
@@ -401,6 +403,12 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
         pass
 
     # ---------------------------------------------------------------- helpers
+    def _narrowest_grad_dtype(self) -> torch.dtype:
+        """The trainable parameters' dtype with the smallest range: the loss scale must fit in it."""
+        dtypes = {p.dtype for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad}
+        floating = [d for d in dtypes if d.is_floating_point] or [torch.float16]
+        return min(floating, key=lambda d: torch.finfo(d).max)
+
     def _check_param_dtypes(self) -> None:
         """Reject a model converted to the other half type; warn about one that
         was not converted at all (it trains, but gains nothing)."""
