@@ -281,8 +281,9 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        selected = self._select_groups(groups)
-        indices = None if groups is None else [self._group_index(g) for g in selected]
+        # (groups=None reads no param_groups here: torch.compile's optimizer tracing
+        # special-cases that attribute and cannot trace FP16Optimizer's group views)
+        indices = None if groups is None else [self._group_index(g) for g in self._select_groups(groups)]
         inner_scale = self._current_grads_scale() * float(scale) / self._multiply_factor
         if self.scaler is None:
             overflow = not self._step_inner(indices, inner_scale, check=False)
@@ -365,6 +366,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
         fairseq_scale = sd.pop("loss_scale", None)
         extras = self._pop_extras(sd)
         self._check_layout(info)
+        self._check_extras(extras)  # before anything is loaded: a failed load changes nothing
         try:
             if is_contract(self.optimizer):
                 self.optimizer.load_state_dict(sd, optimizer_overrides)
@@ -398,6 +400,9 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
 
     def _pop_extras(self, sd: dict[str, Any]) -> Any:
         return None
+
+    def _check_extras(self, extras: Any) -> None:
+        pass
 
     def _load_extras(self, extras: Any, sd: Mapping[str, Any]) -> None:
         pass
