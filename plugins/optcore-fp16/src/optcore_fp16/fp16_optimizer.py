@@ -176,8 +176,15 @@ class FP16Optimizer(PrecisionWrapper):
         for dst, saved in held:
             dst.copy_(saved)
         for m in selected:
-            if m.params:
-                torch._foreach_copy_(m.params, m.views)
+            if all(p.grad is not None for p in m.params):
+                if m.params:
+                    torch._foreach_copy_(m.params, m.views)
+                continue
+            # a parameter without a gradient is left as it is (an fp64 one would be
+            # rounded to its fp32 master copy otherwise)
+            stepped = [(p, v) for p, v in zip(m.params, m.views) if p.grad is not None]
+            if stepped:
+                torch._foreach_copy_([p for p, _ in stepped], [v for _, v in stepped])
         return True
 
     def _kernel_copy(self, selected: list[_Masters], unscale: float) -> bool | None:
