@@ -42,3 +42,38 @@ def test_eligibility() -> None:
     assert not _cpu_kernel.eligible([None], [full])
     assert not _cpu_kernel.eligible([half.bfloat16()], [full])
     assert not _cpu_kernel.eligible([torch.zeros(4, 2).half().t()], [torch.zeros(8)])
+
+
+def _bad_pair(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    src, dst = torch.ones(8).half(), torch.zeros(8)
+    if kind == "short destination":
+        dst = torch.zeros(4)
+    elif kind == "long destination":
+        dst = torch.zeros(16)
+    elif kind == "bf16 source":
+        src = src.bfloat16()
+    elif kind == "fp64 destination":
+        dst = dst.double()
+    elif kind == "strided destination":
+        dst = torch.zeros(16)[::2]
+    elif kind == "no storage":
+        dst.untyped_storage().resize_(0)
+    elif kind == "meta source":
+        src = torch.ones(8, dtype=torch.float16, device="meta")
+    return src, dst
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["short destination", "long destination", "bf16 source", "fp64 destination", "strided destination",
+     "no storage", "meta source"],
+)
+def test_kernel_checks_every_pair_before_running(kind: str) -> None:
+    src, dst = _bad_pair(kind)
+    with pytest.raises(ValueError, match="fp16 gradient kernel: .*pair 0"):
+        _cpu_kernel.half_to_float_scaled_([src], [dst], 1.0)
+    assert not _cpu_kernel.eligible([src], [dst])
+    if dst.untyped_storage().nbytes():
+        assert torch.equal(dst, torch.zeros_like(dst))  # not written
+    with pytest.raises(ValueError, match="2 sources but 1 destinations"):
+        _cpu_kernel.half_to_float_scaled_([src, src], [dst], 1.0)

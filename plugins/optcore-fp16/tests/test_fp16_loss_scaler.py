@@ -1,5 +1,5 @@
 """DynamicLossScaler: fairseq's arithmetic, torch.amp.GradScaler's sequence,
-the minimum, the threshold trap, and its state dict."""
+the minimum and its error, fairseq's settings and names, the cap, and its state dict."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import io
 import pytest
 import torch
 from fp16_helpers import adamw, all_finite, data, loss_fn, mlp, poison, same, snapshot
-from optcore_fp16 import DynamicLossScaler, FP16Optimizer
+from optcore_fp16 import DynamicLossScaler, FP16Optimizer, MinimumLossScaleError
 
-from optcore import ConfigError
+import optcore
+from optcore import ConfigError, OptcoreError
 
 # Overflow pattern of the 200-step run: isolated, back-to-back, and a burst
 # long enough to drive the scale down several times, then a long clean stretch.
@@ -136,14 +137,127 @@ def test_minimum_raises_with_advice_and_keeps_state() -> None:
     assert s.loss_scale == 0.25 and s.skipped_steps == 2
 
 
-def test_threshold_that_hides_the_minimum_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="skipped forever") as err:
-        DynamicLossScaler(threshold=1.0, min_loss_scale=1e-4)
-    assert "threshold" in str(err.value)
-    # at the minimum it is reachable: training stops instead of looping
-    s = DynamicLossScaler(init_scale=1.0, threshold=0.5, min_loss_scale=0.5)
-    with pytest.raises(FloatingPointError):
+def test_minimum_error_is_optcore_and_floating_point_and_says_what_was_measured() -> None:
+    s = DynamicLossScaler(init_scale=16.0, scale_window=1000, min_loss_scale=1.0)
+    for _ in range(96):
+        s.update(False)
+    for _ in range(3):  # 16 -> 8 -> 4 -> 2
         s.update(True)
+    with pytest.raises(MinimumLossScaleError) as err:
+        s.update(True)  # 2 -> 1 reaches the minimum
+    assert isinstance(err.value, OptcoreError) and isinstance(err.value, FloatingPointError)
+    message = str(err.value)
+    assert "overflowed (inf/NaN) on 4 of the last 100 steps" in message
+    assert "4 of 100 steps skipped in all" in message and "every scale" not in message
+    assert (err.value.overflows, err.value.recent, err.value.loss_scale) == (4, 100, 2.0)
+    assert s.loss_scale == 2.0 and s.skipped_steps == 3  # the raising step changed nothing
+
+
+def test_minimum_error_counts_only_the_last_hundred_steps() -> None:
+    s = DynamicLossScaler(init_scale=2.0**13, scale_window=10**6, min_loss_scale=1.0)
+    for overflow in [True] * 3 + [False] * 200 + [True] * 9:  # 2**13 -> 2**10 -> 2
+        s.update(overflow)
+    with pytest.raises(MinimumLossScaleError, match=r"on 10 of the last 100 steps \(13 of 213 steps skipped"):
+        s.update(True)
+
+
+def test_minimum_error_comes_from_the_wrapper_step() -> None:
+    model = mlp(torch.float16)
+    opt = FP16Optimizer(adamw(model), loss_scaler={"init_scale": 4.0, "min_loss_scale": 1.0})
+    x, y = data()
+    with pytest.raises(FloatingPointError, match="on 2 of the last 2 steps"):
+        for _ in range(3):
+            opt.zero_grad()
+            opt.backward(loss_fn(model, x, y))
+            poison(model, "nan")
+            opt.step()
+
+
+def test_fairseq_test_settings_are_accepted_with_a_warning() -> None:
+    # fairseq's tests/test_fp16_optimizer.py: fp16_init_scale=1, threshold_loss_scale=1, min_loss_scale=1e-4
+    with pytest.warns(UserWarning, match="does not stop"):
+        s = DynamicLossScaler.from_config({"fp16_init_scale": 1, "threshold_loss_scale": 1, "min_loss_scale": 1e-4})
+    assert (s.loss_scale, s.threshold, s.min_loss_scale) == (1.0, 1.0, 1e-4)
+    for _ in range(50):  # fairseq's semantics: clamped at the threshold, skipped, never stopped
+        s.update(True)
+    assert s.loss_scale == 1.0 and s.skipped_steps == 50
+    model = mlp(torch.float16)
+    with pytest.warns(UserWarning, match="threshold=1 is above min_loss_scale"):
+        opt = FP16Optimizer(adamw(model), loss_scaler={"fp16_init_scale": 1, "threshold_loss_scale": 1})
+    x, y = data()
+    opt.backward(loss_fn(model, x, y))
+    opt.step()
+    assert not opt.last_step_skipped
+
+
+def test_threshold_at_the_minimum_stops_without_a_warning(recwarn: pytest.WarningsRecorder) -> None:
+    s = DynamicLossScaler(init_scale=1.0, threshold=0.5, min_loss_scale=0.5)
+    with pytest.raises(MinimumLossScaleError):
+        s.update(True)
+    assert not [w for w in recwarn if "threshold" in str(w.message)]
+
+
+def test_init_scale_at_or_below_the_minimum_is_accepted_as_fairseq_does() -> None:
+    s = DynamicLossScaler(init_scale=1e-5)  # min_loss_scale 1e-4
+    s.update(False)
+    assert s.loss_scale == 1e-5
+    with pytest.raises(MinimumLossScaleError):  # the first overflow stops training
+        s.update(True)
+
+
+def test_fairseq_option_names_are_aliases() -> None:
+    s = DynamicLossScaler.from_config(
+        {"fp16_init_scale": 4, "fp16_scale_window": 7, "fp16_scale_tolerance": 0.25,
+         "threshold_loss_scale": 1e-4, "min_loss_scale": 1e-4}
+    )
+    assert (s.loss_scale, s.scale_window, s.tolerance, s.threshold, s.min_loss_scale) == (4, 7, 0.25, 1e-4, 1e-4)
+    opt = optcore.build_optimizer(
+        {"type": "FP16Optimizer", "optimizer": {"type": "SGD", "lr": 0.1},
+         "loss_scaler": {"fp16_init_scale": 8, "fp16_scale_window": 3}},
+        mlp(torch.float16),
+    )
+    assert (opt.scaler.loss_scale, opt.scaler.scale_window) == (8, 3)
+    with pytest.raises(ConfigError, match="fp16_init_scale"):  # both spellings at once: one is unknown
+        DynamicLossScaler.from_config({"init_scale": 4, "fp16_init_scale": 8})
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 0.0, -1.0, "inf", "nan"])
+def test_init_scale_must_be_positive_and_finite(bad) -> None:
+    with pytest.raises(ConfigError, match="init_scale"):
+        DynamicLossScaler(init_scale=bad)
+    with pytest.raises(ConfigError, match="init_scale"):
+        optcore.build_optimizer(
+            {"type": "FP16Optimizer", "optimizer": {"type": "SGD", "lr": 0.1}, "loss_scaler": {"init_scale": bad}},
+            mlp(torch.float16),
+        )
+
+
+def test_scale_never_grows_past_the_gradient_dtype() -> None:
+    s = DynamicLossScaler(scale_window=1)  # fp16 gradients: at most 65504
+    for _ in range(300):
+        s.update(False)
+    assert s.loss_scale == 2.0**15
+    wide = DynamicLossScaler(scale_window=1, grad_dtype=torch.float32)
+    for _ in range(300):
+        wide.update(False)
+    assert wide.loss_scale == 2.0**127 and torch.isfinite(torch.tensor(wide.loss_scale))
+    ref = torch.amp.GradScaler("cpu", init_scale=128.0, growth_interval=1)  # torch stays finite too
+    assert torch.isfinite(torch.tensor(ref.get_scale()))
+
+
+def test_scale_is_capped_in_training_and_a_too_large_init_is_lowered() -> None:
+    model = mlp(torch.float16)
+    opt = FP16Optimizer(adamw(model, lr=1e-4), loss_scaler={"scale_window": 1})
+    x, y = data()
+    for _ in range(20):
+        opt.zero_grad()
+        opt.backward(loss_fn(model, x, y))
+        opt.step()
+        assert opt.loss_scale <= torch.finfo(torch.float16).max
+    assert opt.loss_scale == 2.0**15
+    with pytest.warns(UserWarning, match="not representable"):
+        opt = FP16Optimizer(adamw(mlp(torch.float16)), loss_scaler={"init_scale": 2.0**16})
+    assert opt.loss_scale == 2.0**15
 
 
 def test_bad_values_are_reported_together() -> None:
@@ -151,8 +265,6 @@ def test_bad_values_are_reported_together() -> None:
         DynamicLossScaler(init_scale=-1, scale_factor=0.5, scale_window=0)
     fields = {field for field, _ in err.value.problems}
     assert {"init_scale", "scale_factor", "scale_window"} <= fields
-    with pytest.raises(ConfigError, match="init_scale"):
-        DynamicLossScaler(init_scale=1e-5)
 
 
 def test_state_dict_survives_weights_only_load() -> None:

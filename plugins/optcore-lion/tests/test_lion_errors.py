@@ -42,7 +42,7 @@ def test_lion_parses_config_strings_and_validates_group_overrides():
 
 def test_lion_schema_has_descriptions_and_paper_defaults():
     fields = LionConfig.model_fields
-    assert set(fields) == {"lr", "betas", "weight_decay", "maximize", "foreach", "fused"}
+    assert set(fields) == {"lr", "betas", "weight_decay", "maximize", "foreach", "fused", "compiled"}
     assert all(f.description for f in fields.values())
     assert (fields["lr"].default, fields["betas"].default, fields["weight_decay"].default) == (1e-4, (0.9, 0.99), 0.0)
 

@@ -13,6 +13,7 @@ IMPLS = {
     "foreach": {"foreach": True},
     "forloop": {"foreach": False, "fused": False},
     "fused": {"fused": True},
+    "compiled": {"compiled": True},  # torch.compile (inductor): slow to compile the first time
 }
 SHAPES = [(64, 48), (48,), (5, 3, 2), (1,)]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ._wrapper import ParamGroupView, PrecisionWrapper
 from .fp16_optimizer import FP16Optimizer
-from .loss_scaler import DynamicLossScaler
+from .loss_scaler import DynamicLossScaler, MinimumLossScaleError
 from .memory_efficient import MemoryEfficientFP16Optimizer
 from .schemas import (
     FP16OptimizerConfig,
@@ -30,6 +30,7 @@ __all__ = [
     "LossScalerConfig",
     "MemoryEfficientFP16Optimizer",
     "MemoryEfficientFP16OptimizerConfig",
+    "MinimumLossScaleError",
     "ParamGroupView",
     "PrecisionOptions",
     "PrecisionWrapper",

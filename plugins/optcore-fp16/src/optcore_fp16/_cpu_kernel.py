@@ -19,14 +19,14 @@ and the wrapper uses torch ops instead.
 from __future__ import annotations
 
 import ctypes
-
-from optcore.kernels import build_c_library
 import functools
 import os
 import platform
 
 import torch
 from torch import Tensor
+
+from optcore.kernels import build_c_library
 
 SOURCE = r"""
 #include <stdint.h>
@@ -140,25 +140,62 @@ def _has_f16c() -> bool:
     return capability in {"AVX2", "AVX512"}  # every AVX2 CPU has F16C
 
 
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _tensor_problem(t: Tensor | None, dtype: torch.dtype) -> str | None:
+    """Why the kernel cannot read or write ``t`` as ``dtype``, or ``None``."""
+    if t is None:
+        return "is missing"
+    if type(t) not in _PLAIN:  # subclasses (DTensor, FakeTensor, ...) have no plain memory to hand over
+        return f"is a {type(t).__name__}, not a plain tensor"
+    if t.device.type != "cpu":
+        return f"is on {t.device}, not the CPU"
+    if t.dtype != dtype:
+        return f"is {t.dtype}, not {dtype}"
+    if not t.is_contiguous():
+        return "is not contiguous"
+    if t.is_neg() or t.is_conj():
+        return "is a lazily negated or conjugated view"
+    if t.numel() == 0:
+        return None
+    try:
+        storage = t.untyped_storage()
+        backed = storage.data_ptr() != 0 and (t.storage_offset() + t.numel()) * t.element_size() <= storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # no storage at all
+        backed = False
+    return None if backed else "has no allocated storage of its size"
+
+
+def problem(srcs: list[Tensor | None], dsts: list[Tensor]) -> str | None:
+    """Why the kernel cannot take these pairs, or ``None``: every source must be
+    a plain contiguous fp16 CPU tensor with storage behind it, every destination
+    the same in fp32, and each pair of the same shape (the kernel reads and
+    writes ``numel(src)`` elements)."""
+    if len(srcs) != len(dsts):
+        return f"{len(srcs)} sources but {len(dsts)} destinations"
+    for i, (s, d) in enumerate(zip(srcs, dsts)):
+        for role, t, dtype in (("source", s, torch.float16), ("destination", d, torch.float32)):
+            why = _tensor_problem(t, dtype)
+            if why:
+                return f"the {role} of pair {i} {why}"
+        if s.shape != d.shape:  # type: ignore[union-attr]
+            return f"pair {i} has source shape {tuple(s.shape)} and destination shape {tuple(d.shape)}"  # type: ignore[union-attr]
+    return None
+
+
 def eligible(srcs: list[Tensor | None], dsts: list[Tensor]) -> bool:
-    """True if the kernel can take these: every source an fp16 CPU tensor, every
-    destination fp32, all contiguous and of matching sizes."""
-    return all(
-        s is not None
-        and s.device.type == "cpu"
-        and s.dtype == torch.float16
-        and d.dtype == torch.float32
-        and d.device.type == "cpu"
-        and s.is_contiguous()
-        and d.is_contiguous()
-        and s.numel() == d.numel()
-        for s, d in zip(srcs, dsts)
-    )
+    """True if the kernel can take these pairs (see :func:`problem`)."""
+    return problem(srcs, dsts) is None
 
 
 def half_to_float_scaled_(srcs: list[Tensor], dsts: list[Tensor], scale: float) -> bool:
     """``dst.copy_(src).mul_(scale)`` for each pair, in one pass; True if any
-    source holds an inf or a NaN. The tensors must be :func:`eligible`."""
+    source holds an inf or a NaN. Every pair is checked first (``ValueError``
+    unless :func:`eligible`): the kernel never runs on tensors it did not check."""
+    why = problem(srcs, dsts)  # type: ignore[arg-type]
+    if why:
+        raise ValueError(f"fp16 gradient kernel: {why}")
     lib = load()
     if lib is None:
         raise RuntimeError(f"the fp16 gradient kernel is unavailable: {unavailable_reason}")
@@ -169,4 +206,4 @@ def half_to_float_scaled_(srcs: list[Tensor], dsts: list[Tensor], scale: float) 
     dst_ptrs = (ctypes.c_void_p * n)(*[t.data_ptr() for t in dsts])
     sizes = [t.numel() for t in srcs]
     threads = torch.get_num_threads() if sum(sizes) >= _PARALLEL_MIN else 1
-    return bool(lib.half_to_float_scaled(n, src_ptrs, dst_ptrs, (ctypes.c_int64 * n)(*sizes), scale, threads))
+    return bool(lib.half_to_float_scaled(n, src_ptrs, dst_ptrs, (ctypes.c_int64 * n)(*sizes), float(scale), threads))

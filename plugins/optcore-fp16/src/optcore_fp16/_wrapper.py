@@ -151,6 +151,8 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
             self.scaler = loss_scaler
         else:
             self.scaler = DynamicLossScaler.from_config(loss_scaler)  # type: ignore[arg-type]
+        if self.scaler is not None:
+            self.scaler.limit_to(self._narrowest_grad_dtype())
         self._init_torch_bookkeeping()
         self.last_step_skipped = False
         self._warned_unscaled = False
@@ -284,8 +286,9 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        selected = self._select_groups(groups)
-        indices = None if groups is None else [self._group_index(g) for g in selected]
+        # (groups=None reads no param_groups here: torch.compile's optimizer tracing
+        # special-cases that attribute and cannot trace FP16Optimizer's group views)
+        indices = None if groups is None else [self._group_index(g) for g in self._select_groups(groups)]
         inner_scale = self._current_grads_scale() * float(scale) / self._multiply_factor
         if self.scaler is None:
             overflow = not self._step_inner(indices, inner_scale, check=False)
@@ -295,7 +298,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
             overflow = not self._step_inner(indices, inner_scale, check=self._overflow is None)
         self.last_step_skipped = overflow
         if self.scaler is not None:
-            self.scaler.update(overflow)  # raises FloatingPointError at the minimum scale
+            self.scaler.update(overflow)  # raises MinimumLossScaleError (a FloatingPointError) at the minimum
         if groups is None:
             self._reset_cycle()
         else:
@@ -368,6 +371,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
         fairseq_scale = sd.pop("loss_scale", None)
         extras = self._pop_extras(sd)
         self._check_layout(info)
+        self._check_extras(extras)  # before anything is loaded: a failed load changes nothing
         try:
             if is_contract(self.optimizer):
                 self.optimizer.load_state_dict(sd, optimizer_overrides)
@@ -402,10 +406,19 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
     def _pop_extras(self, sd: dict[str, Any]) -> Any:
         return None
 
+    def _check_extras(self, extras: Any) -> None:
+        pass
+
     def _load_extras(self, extras: Any, sd: Mapping[str, Any]) -> None:
         pass
 
     # ---------------------------------------------------------------- helpers
+    def _narrowest_grad_dtype(self) -> torch.dtype:
+        """The trainable parameters' dtype with the smallest range: the loss scale must fit in it."""
+        dtypes = {p.dtype for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad}
+        floating = [d for d in dtypes if d.is_floating_point] or [torch.float16]
+        return min(floating, key=lambda d: torch.finfo(d).max)
+
     def _check_param_dtypes(self) -> None:
         """Reject a model converted to the other half type; warn about one that
         was not converted at all (it trains, but gains nothing)."""

@@ -176,14 +176,24 @@ class FP16Optimizer(PrecisionWrapper):
         for dst, saved in held:
             dst.copy_(saved)
         for m in selected:
-            if m.params:
-                torch._foreach_copy_(m.params, m.views)
+            if all(p.grad is not None for p in m.params):
+                if m.params:
+                    torch._foreach_copy_(m.params, m.views)
+                continue
+            # a parameter without a gradient is left as it is (an fp64 one would be
+            # rounded to its fp32 master copy otherwise)
+            stepped = [(p, v) for p, v in zip(m.params, m.views) if p.grad is not None]
+            if stepped:
+                torch._foreach_copy_([p for p, _ in stepped], [v for _, v in stepped])
         return True
 
     def _kernel_copy(self, selected: list[_Masters], unscale: float) -> bool | None:
         """On CPU, the fp16 grads into the fp32 master grads times ``unscale``
         in one pass that also notes any inf/NaN (see :mod:`._cpu_kernel`).
-        Returns whether one was seen, or None where the kernel does not apply."""
+        Returns whether one was seen, or None where the kernel does not apply
+        (also under ``torch.compile``: the kernel is eager-only, torch ops trace)."""
+        if torch.compiler.is_compiling():
+            return None
         srcs = [p.grad for m in selected for p in m.params]
         masters = [t for m in selected for t in (m.grad_views if self.flat else m.tensors)]
         if not srcs or not _cpu_kernel.eligible(srcs, masters) or not _cpu_kernel.available():
@@ -306,6 +316,38 @@ class FP16Optimizer(PrecisionWrapper):
     def _pop_extras(self, sd: dict[str, Any]) -> Any:
         return sd.pop(MASTER_KEY, None)
 
+    def _check_extras(self, extras: Any) -> None:
+        """The checkpoint's fp32 master parameters must match this model's, tensor
+        by tensor: a ConfigError naming the first that does not."""
+        if extras is None:
+            return
+        if len(extras) != len(self._masters):
+            raise ConfigError(
+                f"FP16Optimizer cannot load this state: it has fp32 parameters for {len(extras)} param groups, this "
+                f"optimizer has {len(self._masters)}. Load a checkpoint of the same model and configuration.",
+                problems=[(MASTER_KEY, "number of param groups differs")], target="FP16Optimizer",
+            )
+        for index, (saved, m) in enumerate(zip(extras, self._masters)):
+            names = self.param_groups[index].get("param_names")
+            for j in range(max(len(saved), len(m.tensors))):
+                have = m.tensors[j] if j < len(m.tensors) else None
+                got = saved[j] if j < len(saved) else None
+                if have is not None and isinstance(got, Tensor) and got.shape == have.shape:
+                    continue
+                if self.flat:
+                    what = (f"the flat fp32 buffer #{j} of param group {index} (the group's parameters: "
+                            f"{[tuple(p.shape) for p in m.params]})")
+                else:
+                    name = f"{names[j]!r} " if names and j < len(names) else ""
+                    what = f"the fp32 copy of parameter {name}(#{j} of param group {index})"
+                raise ConfigError(
+                    f"FP16Optimizer cannot load this state: {what} has shape "
+                    f"{None if have is None else tuple(have.shape)} here but "
+                    f"{tuple(got.shape) if isinstance(got, Tensor) else 'none'} in the checkpoint. It is a checkpoint of "
+                    "another model; load it into the model it was saved from.",
+                    problems=[(MASTER_KEY, f"group {index} tensor {j}: shape differs")], target="FP16Optimizer",
+                )
+
     @torch.no_grad()
     def _load_extras(self, extras: Any, sd: Mapping[str, Any]) -> None:
         """Restore the fp32 masters (or rebuild them from the model's weights for
@@ -318,12 +360,6 @@ class FP16Optimizer(PrecisionWrapper):
                 continue
             if extras is not None:
                 saved = extras[i]
-                if len(saved) != len(m.tensors) or any(s.shape != t.shape for s, t in zip(saved, m.tensors)):
-                    raise ConfigError(
-                        f"The checkpoint's fp32 parameters of group {i} do not match this model's "
-                        "(different parameters or shapes); load a checkpoint of the same model.",
-                        target="FP16Optimizer",
-                    )
                 torch._foreach_copy_(m.tensors, [s.to(t.device) for s, t in zip(saved, m.tensors)])
                 torch._foreach_copy_(m.params, m.views)
             else:

@@ -15,11 +15,14 @@ clips them) and call :meth:`DynamicLossScaler.update`.
 from __future__ import annotations
 
 import logging
+import math
+import warnings
+from collections import deque
 from typing import Any
 
 import torch
 
-from optcore import validate_hparams
+from optcore import OptcoreError, validate_hparams
 
 from .schemas import LossScalerConfig
 
@@ -34,6 +37,36 @@ _DYNAMIC_KEYS = (
     "overflows_since_rescale",
     "skipped_steps",
 )
+
+
+#: Steps the error at the minimum looks back over to say how often the gradients overflowed.
+HISTORY = 100
+
+
+class MinimumLossScaleError(OptcoreError, FloatingPointError):
+    """The loss scale fell to ``min_loss_scale``: the gradients keep overflowing.
+
+    A :class:`FloatingPointError` (what fairseq raises, and what training loops
+    catch to stop) and an :class:`optcore.OptcoreError`. Carries what was
+    measured: ``overflows`` of the last ``recent`` steps overflowed,
+    ``skipped_steps`` of ``steps`` in all, and the ``loss_scale`` reached.
+    """
+
+    def __init__(self, *, min_loss_scale: float, loss_scale: float, init_scale: float, overflows: int,
+                 recent: int, skipped_steps: int, steps: int) -> None:
+        self.min_loss_scale = min_loss_scale
+        self.loss_scale = loss_scale
+        self.overflows = overflows
+        self.recent = recent
+        self.skipped_steps = skipped_steps
+        self.steps = steps
+        super().__init__(
+            f"Minimum loss scale reached: lowering the scale from {loss_scale:g} would take it to or below "
+            f"min_loss_scale={min_loss_scale:g} (it started at {init_scale:g}). The gradients overflowed (inf/NaN) "
+            f"on {overflows} of the last {recent} steps ({skipped_steps} of {steps} steps skipped in all), so the "
+            "loss is probably diverging (NaN/inf in the forward pass, or exploding). Lower the learning rate, clip "
+            "gradients, increase the batch size, or check the data and the model for NaNs."
+        )
 
 
 def default_scale_window(update_freq: int = 1) -> int:
@@ -58,9 +91,22 @@ class DynamicLossScaler:
         threshold: the scale never goes below this; it must not exceed
             ``min_loss_scale`` (otherwise the minimum is unreachable and
             overflowing steps would be skipped forever: a ConfigError).
-        min_loss_scale: reaching it raises ``FloatingPointError``: the loss is
-            diverging and no scale will help.
+        threshold: the scale never goes below this (fairseq's
+            ``threshold_loss_scale``). Above ``min_loss_scale`` the minimum is then
+            unreachable, so once the scale sits at the threshold every overflowing
+            step is skipped and training never stops: accepted, as fairseq does,
+            with a warning.
+        min_loss_scale: a scale that would fall to this raises
+            :class:`MinimumLossScaleError` (a ``FloatingPointError``): the loss is
+            diverging and no scale will help. ``init_scale`` at or below it is
+            accepted (fairseq's semantics): the first overflow then stops training.
         update_freq: gradient-accumulation steps (only for the default window).
+        grad_dtype: the dtype of the gradients the scaled loss produces. The
+            scale never grows past ``torch.finfo(grad_dtype).max``: the gradient
+            of the loss with respect to itself *is* the scale, so a larger one is
+            inf in that dtype and every step would overflow (torch's GradScaler
+            likewise keeps its fp32 scale finite). The wrappers set it from the
+            model's parameters; fp16 (65504) by default.
 
     ``loss_scale`` is the current scale, ``skipped_steps`` the number of steps
     skipped for overflow so far; both travel in :meth:`state_dict`.
@@ -75,6 +121,7 @@ class DynamicLossScaler:
         threshold: float | None = None,
         min_loss_scale: float = 1e-4,
         update_freq: int = 1,
+        grad_dtype: torch.dtype = torch.float16,
     ) -> None:
         cfg = validate_hparams(
             LossScalerConfig,
@@ -95,19 +142,46 @@ class DynamicLossScaler:
         self.tolerance: float = cfg["tolerance"]
         self.threshold: float | None = cfg["threshold"]
         self.min_loss_scale: float = cfg["min_loss_scale"]
+        if self.threshold is not None and self.threshold > self.min_loss_scale:
+            warnings.warn(
+                f"DynamicLossScaler: threshold={self.threshold:g} is above min_loss_scale={self.min_loss_scale:g}, "
+                f"so the scale stops at {self.threshold:g} and never reaches the minimum: if the gradients keep "
+                "overflowing there, every step is skipped and training does not stop. Set min_loss_scale >= "
+                "threshold to stop with an error instead (fairseq accepts this setting too).",
+                stacklevel=2,
+            )
         self.loss_scale: float = float(self.init_scale)
+        self.max_loss_scale = math.inf
+        self.limit_to(grad_dtype)
         self.skipped_steps = 0
+        self._recent: deque[bool] = deque(maxlen=HISTORY)
         self._iter = 0
         self._last_overflow_iter = -1
         self._last_rescale_iter = -1
         self._overflows_since_rescale = 0
 
+    def limit_to(self, grad_dtype: torch.dtype) -> None:
+        """Cap the scale at the largest value ``grad_dtype`` holds (see ``grad_dtype``);
+        a larger current scale is lowered by ``scale_factor`` until it fits."""
+        self.max_loss_scale = float(torch.finfo(grad_dtype).max)
+        if self.loss_scale > self.max_loss_scale:
+            start = self.loss_scale
+            while self.loss_scale > self.max_loss_scale:
+                self.loss_scale /= self.scale_factor
+            warnings.warn(
+                f"DynamicLossScaler: a loss scale of {start:g} is not representable in {grad_dtype} (max "
+                f"{self.max_loss_scale:g}), so every step would overflow; starting at {self.loss_scale:g} instead.",
+                stacklevel=3,
+            )
+
     @classmethod
     def from_config(cls, config: LossScalerConfig | dict[str, Any] | None) -> DynamicLossScaler:
         if config is None:
             return cls()
-        values = config.model_dump() if isinstance(config, LossScalerConfig) else dict(config)
-        return cls(**values)
+        if isinstance(config, LossScalerConfig):
+            return cls(**config.model_dump())
+        # validated here first, so fairseq's names (fp16_init_scale, ...) map to the fields
+        return cls(**validate_hparams(LossScalerConfig, dict(config), "DynamicLossScaler"))
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss * loss_scale``, computed in fp32 so the product cannot overflow fp16."""
@@ -117,11 +191,16 @@ class DynamicLossScaler:
         """Account for one step: ``overflow`` means it was skipped."""
         if overflow:
             self._on_overflow()
+            self._recent.append(True)  # after _on_overflow: a raise there leaves the state as it was
             return
-        # scale_window clean steps since the last overflow (or the start): grow.
+        self._recent.append(False)
+        # scale_window clean steps since the last overflow (or the start): grow,
+        # unless the grown scale would not be representable in the gradients' dtype.
         if (self._iter - self._last_overflow_iter) % self.scale_window == 0:
-            self.loss_scale *= self.scale_factor
-            self._last_rescale_iter = self._iter
+            grown = self.loss_scale * self.scale_factor
+            if grown <= self.max_loss_scale:
+                self.loss_scale = grown
+                self._last_rescale_iter = self._iter
         self._iter += 1
 
     def _on_overflow(self) -> None:
@@ -133,11 +212,11 @@ class DynamicLossScaler:
             if self.threshold is not None:
                 new_scale = max(new_scale, self.threshold)
         if new_scale <= self.min_loss_scale:
-            raise FloatingPointError(
-                f"Minimum loss scale reached ({self.min_loss_scale:g}) after {self.skipped_steps + 1} skipped steps: "
-                "the gradients overflow at every scale, so the loss is probably diverging (NaN/inf in the forward "
-                "pass, or exploding). Lower the learning rate, clip gradients, increase the batch size, or check "
-                "the data and the model for NaNs."
+            recent = [*self._recent, True][-HISTORY:]
+            raise MinimumLossScaleError(
+                min_loss_scale=self.min_loss_scale, loss_scale=self.loss_scale, init_scale=self.init_scale,
+                overflows=sum(recent), recent=len(recent), skipped_steps=self.skipped_steps + 1,
+                steps=self._iter + 1,
             )
         self.skipped_steps += 1
         self._last_overflow_iter = self._iter
@@ -160,6 +239,7 @@ class DynamicLossScaler:
             "last_rescale_iter": self._last_rescale_iter,
             "overflows_since_rescale": self._overflows_since_rescale,
             "skipped_steps": self.skipped_steps,
+            "recent_overflows": [int(o) for o in self._recent],
             "scale_factor": self.scale_factor,
             "scale_window": self.scale_window,
             "tolerance": self.tolerance,
@@ -179,6 +259,7 @@ class DynamicLossScaler:
         self._last_rescale_iter = int(state["last_rescale_iter"])
         self._overflows_since_rescale = int(state["overflows_since_rescale"])
         self.skipped_steps = int(state["skipped_steps"])
+        self._recent = deque((bool(o) for o in state.get("recent_overflows", ())), maxlen=HISTORY)
 
     def __repr__(self) -> str:
         return (

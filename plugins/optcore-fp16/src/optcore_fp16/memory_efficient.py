@@ -80,7 +80,8 @@ class MemoryEfficientFP16Optimizer(PrecisionWrapper):
         self.optimizer.add_param_group(param_group)
 
     def _step_inner(self, indices: list[int] | None, scale: float, check: bool) -> bool:
-        groups = self.param_groups if indices is None else [self.param_groups[i] for i in indices]
+        inner_groups = self.optimizer.param_groups  # (the same groups; see PrecisionWrapper.step)
+        groups = inner_groups if indices is None else [inner_groups[i] for i in indices]
         grads = self._model_grads(groups)
         if check and non_finite(grads):  # read in place (times 1): never unscale fp16 grads here
             return False

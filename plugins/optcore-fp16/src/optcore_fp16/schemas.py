@@ -11,62 +11,76 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field
 
 from optcore import HParams, Literalish
 
 Precision = Literal["fp16", "bf16"]
 
 
-class LossScalerConfig(HParams):
-    """Dynamic loss scaling as fairseq's training config defines it."""
+def _fairseq(name: str, fairseq_name: str) -> AliasChoices:
+    """Accept fairseq's option name (``--fp16-init-scale`` is ``fp16_init_scale``) too."""
+    return AliasChoices(name, fairseq_name)
 
-    init_scale: Annotated[float, Field(gt=0.0, description="loss scale at the start of training"), Literalish] = 2.0**7
+
+_Finite = {"allow_inf_nan": False}
+
+
+class LossScalerConfig(HParams):
+    """Dynamic loss scaling as fairseq's training config defines it.
+
+    fairseq's names are accepted as aliases: ``fp16_init_scale``,
+    ``fp16_scale_window``, ``fp16_scale_tolerance``, ``threshold_loss_scale``
+    (and ``min_loss_scale``, the same in both). Every number must be finite: an
+    infinite or NaN scale would make every gradient overflow, so every step
+    would be skipped.
+    """
+
+    init_scale: Annotated[
+        float,
+        Field(gt=0.0, validation_alias=_fairseq("init_scale", "fp16_init_scale"), **_Finite,
+              description="loss scale at the start of training (fairseq: fp16_init_scale)"),
+        Literalish,
+    ] = 2.0**7
     scale_factor: Annotated[
         float,
-        Field(gt=1.0, description="the scale is divided by this on overflow, multiplied after a clean window"),
+        Field(gt=1.0, **_Finite,
+              description="the scale is divided by this on overflow, multiplied after a clean window"),
         Literalish,
     ] = 2.0
     scale_window: Annotated[
         Annotated[int, Field(ge=1)] | None,
-        Field(description="clean steps before the scale grows; default 2**14 / world_size / update_freq"),
+        Field(validation_alias=_fairseq("scale_window", "fp16_scale_window"),
+              description="clean steps before the scale grows; default 2**14 / world_size / update_freq "
+              "(fairseq: fp16_scale_window)"),
         Literalish,
     ] = None
     tolerance: Annotated[
         float,
         Literalish,
         Field(
-            ge=0.0, le=1.0, description="fraction of overflowing steps since the last rescale tolerated before lowering"
+            ge=0.0, le=1.0, validation_alias=_fairseq("tolerance", "fp16_scale_tolerance"),
+            description="fraction of overflowing steps since the last rescale tolerated before lowering "
+            "(fairseq: fp16_scale_tolerance)",
         ),
     ] = 0.0
     threshold: Annotated[
-        Annotated[float, Field(gt=0.0)] | None,
-        Field(description="floor of the scale; must not exceed min_loss_scale"),
+        Annotated[float, Field(gt=0.0, **_Finite)] | None,
+        Field(validation_alias=_fairseq("threshold", "threshold_loss_scale"),
+              description="floor of the scale (fairseq: threshold_loss_scale); above min_loss_scale, overflowing "
+              "steps at the floor are skipped without end (a warning says so)"),
         Literalish,
     ] = None
     min_loss_scale: Annotated[
-        float, Field(gt=0.0, description="training stops (FloatingPointError) when the scale falls to this"), Literalish
+        float,
+        Field(gt=0.0, **_Finite,
+              description="training stops (MinimumLossScaleError, a FloatingPointError) when the scale would "
+              "fall to this"),
+        Literalish,
     ] = 1e-4
     update_freq: Annotated[
         int, Field(ge=1, description="gradient-accumulation steps; only sets the default scale_window"), Literalish
     ] = 1
-
-    @model_validator(mode="after")
-    def _minimum_reachable(self) -> LossScalerConfig:
-        # fairseq clamps the scale at `threshold`; above `min_loss_scale` the scale
-        # then never reaches the minimum and every overflowing step is skipped forever.
-        if self.threshold is not None and self.threshold > self.min_loss_scale:
-            raise ValueError(
-                f"threshold={self.threshold:g} is above min_loss_scale={self.min_loss_scale:g}: the scale would stop "
-                f"at {self.threshold:g} and overflowing steps would be skipped forever. Set min_loss_scale to "
-                f"{self.threshold:g} (training then stops with advice when the scale gets there) or drop threshold"
-            )
-        if self.init_scale <= self.min_loss_scale:
-            raise ValueError(
-                f"init_scale={self.init_scale:g} is not above min_loss_scale={self.min_loss_scale:g}: the first "
-                "overflow would stop training; raise init_scale or lower min_loss_scale"
-            )
-        return self
 
 
 LossScalerField = Annotated[

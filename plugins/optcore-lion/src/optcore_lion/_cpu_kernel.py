@@ -15,11 +15,10 @@ Where no compiler works, :func:`load` returns ``None`` and says why in
 from __future__ import annotations
 
 import ctypes
-
-from optcore.kernels import build_c_library
 import functools
 
 import torch
+from optcore.kernels import build_c_library
 from torch import Tensor
 
 SOURCE = r"""
@@ -64,24 +63,71 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _tensor_problem(t: Tensor) -> str | None:
+    """Why the kernel cannot read or write ``t``, or ``None``."""
+    if type(t) not in _PLAIN:  # subclasses (DTensor, FakeTensor, ...) have no plain memory to hand over
+        return f"is a {type(t).__name__}, not a plain tensor"
+    if t.device.type != "cpu":
+        return f"is on {t.device}, not the CPU"
+    if t.dtype != torch.float32:
+        return f"is {t.dtype}, not torch.float32"
+    if not t.is_contiguous():
+        return "is not contiguous"
+    if t.is_neg() or t.is_conj():
+        return "is a lazily negated or conjugated view"
+    if t.numel() == 0:
+        return None
+    try:
+        storage = t.untyped_storage()
+        backed = storage.data_ptr() != 0 and (t.storage_offset() + t.numel()) * t.element_size() <= storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # no storage at all
+        backed = False
+    return None if backed else "has no allocated storage of its size"
+
+
 def eligible(*tensors: Tensor) -> bool:
-    """True if the kernel can take these tensors: fp32, on CPU, contiguous."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+    """True if the kernel can take each of these tensors: plain, fp32, on CPU,
+    contiguous, with real storage behind it."""
+    return all(_tensor_problem(t) is None for t in tensors)
+
+
+def check(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor]) -> None:
+    """Raise ``ValueError`` unless every triple is something the kernel may touch:
+    all three :func:`eligible` and of the same shape (the kernel reads and writes
+    ``numel(p)`` elements of each, so a smaller ``g`` or ``m`` would be overrun)."""
+    if not len(params) == len(grads) == len(exp_avgs):
+        raise ValueError(f"Lion kernel: {len(params)} parameters, {len(grads)} gradients, {len(exp_avgs)} momenta")
+    for i, triple in enumerate(zip(params, grads, exp_avgs)):
+        for role, t in zip(("parameter", "gradient", "momentum"), triple):
+            problem = _tensor_problem(t)
+            if problem:
+                raise ValueError(f"Lion kernel: the {role} of tensor {i} {problem}")
+        p, g, m = triple
+        if not p.shape == g.shape == m.shape:
+            raise ValueError(f"Lion kernel: tensor {i} has parameter shape {tuple(p.shape)}, gradient shape "
+                             f"{tuple(g.shape)} and momentum shape {tuple(m.shape)}; they must be equal")
 
 
 def lion_fp32_(
     params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
     *, lr: float, weight_decay: float, beta1: float, beta2: float, gscale: float,
 ) -> None:
-    """Run the kernel over tensors that are all :func:`eligible` (in place)."""
+    """Run the kernel over ``(p, g, m)`` triples (in place), after :func:`check`
+    has passed on every one of them: it never runs on tensors it did not check."""
+    check(params, grads, exp_avgs)
     lib = load()
     if lib is None:
         raise RuntimeError(f"the Lion CPU kernel is unavailable: {unavailable_reason}")
     n = len(params)
+    if n == 0:
+        return
     pointers = [(ctypes.c_void_p * n)(*[t.data_ptr() for t in ts]) for ts in (params, grads, exp_avgs)]
     sizes = [p.numel() for p in params]
     threads = torch.get_num_threads() if sum(sizes) >= _PARALLEL_MIN else 1  # waking threads costs more
     lib.lion_fp32(
-        n, *pointers, (ctypes.c_int64 * n)(*sizes), lr, 1.0 - lr * weight_decay,
+        n, *pointers, (ctypes.c_int64 * n)(*sizes), float(lr), 1.0 - float(lr) * weight_decay,
         beta1, (1.0 - beta1) * gscale, beta2, (1.0 - beta2) * gscale, threads,
     )
