@@ -128,41 +128,95 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
+def _plain_cpu_fp32(t: Tensor) -> bool:
+    """A plain strided fp32 CPU tensor: not a subclass (FakeTensor,
+    FunctionalTensor, DTensor, ...), whose pointer would not be real memory."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.device.type == "cpu"
+        and t.dtype == torch.float32
+        and t.layout == torch.strided
+    )
+
+
 def eligible(*tensors: Tensor | None) -> bool:
     """Whether the kernels take these tensors (fp32 contiguous CPU matrices,
-    ``None`` for an absent one) and are built."""
-    return all(
-        t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() == 2 and t.is_contiguous())
-        for t in tensors
-    ) and load() is not None
+    ``None`` for an absent one) and are built. Never while torch.compile traces:
+    the tensors are then stand-ins without memory, so the traceable torch ops
+    must run instead."""
+    if torch.compiler.is_compiling():
+        return False
+    return all(t is None or (_plain_cpu_fp32(t) and t.dim() == 2 and t.is_contiguous()) for t in tensors) and (
+        load() is not None
+    )
 
 
 def _threads(n: int) -> int:
     return max(1, min(torch.get_num_threads(), n))
 
 
+def _require(name: str, t: Tensor | None, shape: tuple[int, ...]) -> int:
+    """Check ``t`` before its pointer goes to C, and return that pointer.
+
+    The loops trust the sizes they are given, so everything they touch is
+    checked here: a plain fp32 CPU tensor, contiguous, of exactly ``shape``,
+    with a storage that holds all of it. A mismatch raises instead of letting
+    the loops read or write out of bounds."""
+    if t is None:
+        raise ValueError(f"Adafactor C kernel: {name} is missing.")
+    if torch.compiler.is_compiling():
+        raise RuntimeError(
+            "Adafactor C kernel called under torch.compile: it runs on real memory only (eager). "
+            "This is a bug in optcore-adafactor's dispatch; set implementation='torch' to work around it."
+        )
+    if not _plain_cpu_fp32(t):
+        raise ValueError(
+            f"Adafactor C kernel: {name} must be a plain float32 CPU tensor, got "
+            f"{type(t).__name__} of dtype {t.dtype} on {t.device}."
+        )
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"Adafactor C kernel: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}.")
+    if not t.is_contiguous():
+        raise ValueError(f"Adafactor C kernel: {name} must be contiguous (strides {t.stride()}).")
+    needed = (t.storage_offset() + t.numel()) * t.element_size()
+    storage = t.untyped_storage()
+    if t.numel() and (t.data_ptr() == 0 or storage.nbytes() < needed):
+        raise ValueError(
+            f"Adafactor C kernel: {name} has no memory behind it ({storage.nbytes()} bytes of storage "
+            f"for {needed} needed)."
+        )
+    return t.data_ptr()
+
+
 def stats_(grad: Tensor, row: Tensor, *, beta: float, a: float, b: float) -> tuple[Tensor, Tensor]:
     """R <- beta R + a rowsum(G²) + b in place; returns colsum(G²), colsum(G² / R)."""
     lib = load()
-    assert lib is not None
+    if lib is None:
+        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
+    if grad.dim() != 2:
+        raise ValueError(f"Adafactor C kernel: grad must be a matrix, got shape {tuple(grad.shape)}.")
     n, m = grad.shape
     threads = _threads(n)
     col_sq, col_w = torch.empty(m), torch.empty(m)
     part = torch.empty(threads, 2, m)
-    lib.adafactor_stats(
-        n, m, grad.data_ptr(), row.data_ptr(), col_sq.data_ptr(), col_w.data_ptr(), part.data_ptr(),
-        beta, a, b, threads,
-    )
+    ptrs = [
+        _require("grad", grad, (n, m)), _require("exp_avg_sq_row", row, (n,)),
+        _require("col_sq", col_sq, (m,)), _require("col_w", col_w, (m,)), _require("part", part, (threads, 2, m)),
+    ]
+    lib.adafactor_stats(n, m, *ptrs, beta, a, b, threads)
     return col_sq, col_w
 
 
 def apply_(param: Tensor, grad: Tensor, exp_avg: Tensor | None, r: Tensor, c: Tensor, *, decay: float, beta1: float) -> None:
     """X <- X - decay X + G * (r ⊗ c), or through the first moment (see SOURCE)."""
     lib = load()
-    assert lib is not None
+    if lib is None:
+        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
+    if param.dim() != 2:
+        raise ValueError(f"Adafactor C kernel: param must be a matrix, got shape {tuple(param.shape)}.")
     n, m = param.shape
     r, c = r.contiguous(), c.contiguous()
-    lib.adafactor_apply(
-        n, m, param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr() if exp_avg is not None else None,
-        r.data_ptr(), c.data_ptr(), decay, beta1, _threads(n),
-    )
+    x_ptr, g_ptr = _require("param", param, (n, m)), _require("grad", grad, (n, m))
+    mom_ptr = _require("exp_avg", exp_avg, (n, m)) if exp_avg is not None else None
+    r_ptr, c_ptr = _require("row factor", r, (n,)), _require("column factor", c, (m,))
+    lib.adafactor_apply(n, m, x_ptr, g_ptr, mom_ptr, r_ptr, c_ptr, decay, beta1, _threads(n))

@@ -1,0 +1,127 @@
+"""Adafactor's update as pure whole-tensor torch ops, for torch.compile.
+
+The eager paths (:mod:`._kernels`, :mod:`._cpu_kernel`) read numbers back to
+the host (``RMS(U)``, ``RMS(X)``) and hand pointers to C; neither can be
+traced. Here every number stays a tensor, so the whole update is one graph:
+under ``torch.compile(opt.step)`` it is what runs, and the ``"compiled"``
+implementation compiles it once per (device, dtype, kind of parameter).
+
+The step-dependent scalars come in as one small tensor ``scalars`` =
+``[beta2t, rho, inv_scale]`` (``rho``: the relative step size or the
+group's lr), so a new step or a scheduled lr changes data, not the graph.
+The constants of a param group (eps, clip_threshold, beta1, weight_decay,
+the flags) are Python numbers: the graph specialises on them once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+BETA2T, RHO, INV_SCALE = 0, 1, 2
+
+
+def _rms(x: Tensor) -> Tensor:
+    return x.square().mean().sqrt()
+
+
+def _step_size(x: Tensor, scalars: Tensor, eps2: float, scale_parameter: bool) -> tuple[Tensor | None, Tensor]:
+    """RMS(X_{t-1}) (only where it is used) and alpha_t = max(eps2, RMS(X_{t-1})) rho_t
+    (rho_t without scale_parameter)."""
+    rho = scalars[RHO]
+    if not scale_parameter:
+        return None, rho
+    rms_x = _rms(x)
+    return rms_x, rms_x.clamp(min=eps2) * rho
+
+
+def _apply(
+    param: Tensor, x: Tensor, u: Tensor, exp_avg: Tensor | None, step_size: Tensor, rms_u: Tensor,
+    *, clip_threshold: float, beta1: float | None, weight_decay: float,
+) -> None:
+    """Û = U / max(1, RMS(U)/d);  M_t = beta1 M + (1 - beta1) alpha Û;  X_t = X - wd alpha X - (M_t or alpha Û)."""
+    update = u * (step_size / (rms_u / clip_threshold).clamp(min=1.0))
+    if exp_avg is not None:
+        exp_avg.mul_(beta1).add_(update, alpha=1.0 - beta1)  # type: ignore[operator]
+        update = exp_avg
+    if weight_decay != 0.0:
+        x = x - (weight_decay * step_size) * x
+    param.copy_(x - update)
+
+
+def factored_update_(
+    param: Tensor, grad: Tensor, row: Tensor, col: Tensor, exp_avg: Tensor | None, rms_out: Tensor,
+    scalars: Tensor, *, eps1: float, eps2: float, clip_threshold: float, beta1: float | None,
+    weight_decay: float, scale_parameter: bool,
+) -> Tensor:
+    """One step of Algorithm 4 for a parameter of two or more dims (factored over
+    the last two). Updates param, row, col, exp_avg and ``rms_out`` (the state's
+    RMS) in place; returns alpha_t."""
+    dtype = row.dtype
+    x = param.to(dtype)
+    g = grad.to(dtype) * scalars[INV_SCALE]
+    beta2t = scalars[BETA2T]
+    rms_x, step_size = _step_size(x, scalars, eps2, scale_parameter)
+    g2 = g * g + eps1
+    # R_t = beta2t R + (1 - beta2t) mean_j(G² + eps1);  C_t likewise over i
+    row.mul_(beta2t).add_((1.0 - beta2t) * g2.mean(-1))
+    col.mul_(beta2t).add_((1.0 - beta2t) * g2.mean(-2))
+    # U = G / sqrt(R_t C_t / mean(R_t))
+    r_factor = (row / row.mean(-1, keepdim=True)).rsqrt().unsqueeze(-1)
+    u = g * r_factor * col.rsqrt().unsqueeze(-2)
+    _apply(param, x, u, exp_avg, step_size, _rms(u), clip_threshold=clip_threshold, beta1=beta1, weight_decay=weight_decay)
+    if rms_x is not None:
+        rms_out.copy_(rms_x)
+    return step_size
+
+
+def full_update_(
+    param: Tensor, grad: Tensor, exp_avg_sq: Tensor, exp_avg: Tensor | None, rms_out: Tensor,
+    scalars: Tensor, *, eps1: float, eps2: float, clip_threshold: float, beta1: float | None,
+    weight_decay: float, scale_parameter: bool,
+) -> Tensor:
+    """One step of Algorithm 5 (vectors and scalars: the full second moment)."""
+    dtype = exp_avg_sq.dtype
+    x = param.to(dtype)
+    g = grad.to(dtype) * scalars[INV_SCALE]
+    beta2t = scalars[BETA2T]
+    rms_x, step_size = _step_size(x, scalars, eps2, scale_parameter)
+    # V_t = beta2t V + (1 - beta2t)(G² + eps1);  U = G / sqrt(V_t)
+    exp_avg_sq.mul_(beta2t).add_((1.0 - beta2t) * (g * g + eps1))
+    u = g * exp_avg_sq.rsqrt()
+    _apply(param, x, u, exp_avg, step_size, _rms(u), clip_threshold=clip_threshold, beta1=beta1, weight_decay=weight_decay)
+    if rms_x is not None:
+        rms_out.copy_(rms_x)
+    return step_size
+
+
+class CompiledUpdates:
+    """``torch.compile``-d :func:`factored_update_` / :func:`full_update_`, one
+    per (device type, dtype, factored or not), built on first use and kept.
+
+    ``dynamic=True`` makes shapes symbolic, so every matrix of a model shares
+    one graph instead of one per shape."""
+
+    #: torch.compile's backend (tests swap in a counting one).
+    backend: Any = "inductor"
+
+    def __init__(self) -> None:
+        self._fns: dict[tuple[str, torch.dtype, bool], Callable[..., Tensor]] = {}
+
+    def get(self, device: torch.device, dtype: torch.dtype, factored: bool) -> Callable[..., Tensor]:
+        key = (device.type, dtype, factored)
+        fn = self._fns.get(key)
+        if fn is None:
+            fn = self._fns[key] = torch.compile(
+                factored_update_ if factored else full_update_, backend=self.backend, dynamic=True, fullgraph=True
+            )
+        return fn
+
+    def __len__(self) -> int:
+        return len(self._fns)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CompiledUpdates:
+        return CompiledUpdates()  # compiled functions are a cache, rebuilt on use
