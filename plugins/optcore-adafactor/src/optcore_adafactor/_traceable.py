@@ -4,7 +4,7 @@ The eager paths (:mod:`._kernels`, :mod:`._cpu_kernel`) read numbers back to
 the host (``RMS(U)``, ``RMS(X)``) and hand pointers to C; neither can be
 traced. Here every number stays a tensor, so the whole update is one graph:
 under ``torch.compile(opt.step)`` it is what runs, and the ``"compiled"``
-implementation compiles it once per (device, dtype, kind of parameter).
+implementation compiles it once per (device, dtype, number of dims).
 
 The step-dependent scalars come in as one small tensor ``scalars`` =
 ``[beta2t, rho, inv_scale]`` (``rho``: the relative step size or the
@@ -100,23 +100,25 @@ def full_update_(
 
 class CompiledUpdates:
     """``torch.compile``-d :func:`factored_update_` / :func:`full_update_`, one
-    per (device type, dtype, factored or not), built on first use and kept.
+    per (device type, dtype, number of dims), built on first use and kept.
 
-    ``dynamic=True`` makes shapes symbolic, so every matrix of a model shares
-    one graph instead of one per shape."""
+    ``dynamic=True`` makes sizes symbolic, so all matrices of a model share one
+    graph instead of one per shape (a graph's rank is fixed, hence the dims in
+    the key). A group whose constants differ (another weight_decay, say) adds
+    one graph; a new step or lr does not: those come in as data."""
 
     #: torch.compile's backend (tests swap in a counting one).
     backend: Any = "inductor"
 
     def __init__(self) -> None:
-        self._fns: dict[tuple[str, torch.dtype, bool], Callable[..., Tensor]] = {}
+        self._fns: dict[tuple[str, torch.dtype, int], Callable[..., Tensor]] = {}
 
-    def get(self, device: torch.device, dtype: torch.dtype, factored: bool) -> Callable[..., Tensor]:
-        key = (device.type, dtype, factored)
+    def get(self, device: torch.device, dtype: torch.dtype, ndim: int) -> Callable[..., Tensor]:
+        key = (device.type, dtype, ndim)
         fn = self._fns.get(key)
         if fn is None:
             fn = self._fns[key] = torch.compile(
-                factored_update_ if factored else full_update_, backend=self.backend, dynamic=True, fullgraph=True
+                factored_update_ if ndim >= 2 else full_update_, backend=self.backend, dynamic=True, fullgraph=True
             )
         return fn
 

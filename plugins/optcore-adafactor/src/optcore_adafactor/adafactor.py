@@ -359,7 +359,7 @@ class Adafactor(Optimizer):
     def _update_traceable(self, group: dict[str, Any], p: Tensor, inv_scale: float, *, compiled: bool) -> None:
         """The same step as whole-tensor torch ops with no host reads: traced
         as it stands under torch.compile(opt.step), or run through the update
-        compiled once per (device, dtype, factored) with implementation='compiled'.
+        compiled once per (device, dtype, dims) with implementation='compiled'.
 
         Traced, ``step`` becomes a 0-dim tensor (as torch's own optimizers keep
         it): a Python int would be baked into the graph and recompile it every
@@ -372,7 +372,7 @@ class Adafactor(Optimizer):
             scalars[BETA2T] = 1.0 - math.pow(t, group["decay_rate"])
             scalars[RHO] = self._rho(group, t)
             scalars[INV_SCALE] = inv_scale
-            fn = self._compiled.get(p.device, p.dtype, p.dim() >= 2)
+            fn = self._compiled.get(p.device, p.dtype, p.dim())
         else:
             step = state["step"]
             if not isinstance(step, Tensor):
