@@ -150,3 +150,17 @@ def test_compiled_implementation_with_inductor_matches_the_torch_path() -> None:
         ref_opt.step()
     _close(ours, ref)
     assert len(opt._compiled) == 2
+
+
+def test_groups_that_differ_only_in_numbers_share_the_graphs(counter: CompileCounter) -> None:
+    """Hyper-parameters are data: a second group with other numbers (same
+    structure) compiles nothing new, and many optimizers in a process do not
+    run into dynamo's recompile limit."""
+    a, b = _params([(40, 24), (24,)], seed=0), _params([(8, 12), (12,)], seed=1)
+    opt = Adafactor([{"params": a, "weight_decay": 0.1, "eps": (1e-30, 1e-3)},
+                     {"params": b, "weight_decay": 0.01, "eps": (1e-20, 1e-2), "clip_threshold": 0.5}],
+                    beta1=0.9, implementation="compiled")
+    for i in range(3):
+        _grads(a + b, step=i)
+        opt.step()
+    assert counter.frame_count == 2  # the matrices' graph and the vectors' graph

@@ -6,11 +6,12 @@ traced. Here every number stays a tensor, so the whole update is one graph:
 under ``torch.compile(opt.step)`` it is what runs, and the ``"compiled"``
 implementation compiles it once per (device, dtype, number of dims).
 
-The step-dependent scalars come in as one small tensor ``scalars`` =
-``[beta2t, rho, inv_scale]`` (``rho``: the relative step size or the
-group's lr), so a new step or a scheduled lr changes data, not the graph.
-The constants of a param group (eps, clip_threshold, beta1, weight_decay,
-the flags) are Python numbers: the graph specialises on them once.
+The numbers come in as one small tensor ``scalars`` (see :data:`FIELDS`):
+the step-dependent ``beta2t`` and ``rho`` (the relative step size or the
+group's lr), the loss scale and the group's constants. A new step, a scheduled
+lr or a group with another weight_decay then changes data, not the graph; the
+graph specialises only on structure: rank, dtype, first moment or not, weight
+decay or not, scale_parameter or not.
 """
 
 from __future__ import annotations
@@ -21,81 +22,89 @@ from typing import Any
 import torch
 from torch import Tensor
 
-BETA2T, RHO, INV_SCALE = 0, 1, 2
+#: The entries of ``scalars``, in order.
+FIELDS = ("beta2t", "rho", "inv_scale", "eps1", "eps2", "clip_threshold", "beta1", "weight_decay")
+BETA2T, RHO, INV_SCALE, EPS1, EPS2, CLIP, BETA1, WEIGHT_DECAY = range(len(FIELDS))
+
+
+def pack_scalars(group: dict[str, Any], beta2t: float | Tensor, rho: float | Tensor, inv_scale: float, like: Tensor) -> Tensor:
+    """``scalars`` for :func:`factored_update_` / :func:`full_update_`, in
+    ``like``'s dtype and device (``beta2t`` and ``rho`` may be tensors)."""
+    values = [beta2t, rho, inv_scale, group["eps"][0], group["eps"][1], group["clip_threshold"],
+              group["beta1"] or 0.0, group["weight_decay"]]
+    if not any(isinstance(v, Tensor) for v in values):
+        return torch.tensor(values, dtype=like.dtype, device=like.device)
+    return torch.stack([torch.as_tensor(v, dtype=like.dtype, device=like.device).reshape(()) for v in values])
 
 
 def _rms(x: Tensor) -> Tensor:
     return x.square().mean().sqrt()
 
 
-def _step_size(x: Tensor, scalars: Tensor, eps2: float, scale_parameter: bool) -> tuple[Tensor | None, Tensor]:
+def _step_size(x: Tensor, scalars: Tensor, scale_parameter: bool) -> tuple[Tensor | None, Tensor]:
     """RMS(X_{t-1}) (only where it is used) and alpha_t = max(eps2, RMS(X_{t-1})) rho_t
     (rho_t without scale_parameter)."""
     rho = scalars[RHO]
     if not scale_parameter:
         return None, rho
     rms_x = _rms(x)
-    return rms_x, rms_x.clamp(min=eps2) * rho
+    return rms_x, torch.maximum(rms_x, scalars[EPS2]) * rho
 
 
 def _apply(
-    param: Tensor, x: Tensor, u: Tensor, exp_avg: Tensor | None, step_size: Tensor, rms_u: Tensor,
-    *, clip_threshold: float, beta1: float | None, weight_decay: float,
+    param: Tensor, x: Tensor, u: Tensor, exp_avg: Tensor | None, step_size: Tensor, scalars: Tensor, *, decay: bool
 ) -> None:
     """Û = U / max(1, RMS(U)/d);  M_t = beta1 M + (1 - beta1) alpha Û;  X_t = X - wd alpha X - (M_t or alpha Û)."""
-    update = u * (step_size / (rms_u / clip_threshold).clamp(min=1.0))
+    update = u * (step_size / (_rms(u) / scalars[CLIP]).clamp(min=1.0))
     if exp_avg is not None:
-        exp_avg.mul_(beta1).add_(update, alpha=1.0 - beta1)  # type: ignore[operator]
+        beta1 = scalars[BETA1]
+        exp_avg.mul_(beta1).add_((1.0 - beta1) * update)
         update = exp_avg
-    if weight_decay != 0.0:
-        x = x - (weight_decay * step_size) * x
+    if decay:
+        x = x - (scalars[WEIGHT_DECAY] * step_size) * x
     param.copy_(x - update)
 
 
 def factored_update_(
     param: Tensor, grad: Tensor, row: Tensor, col: Tensor, exp_avg: Tensor | None, rms_out: Tensor,
-    scalars: Tensor, *, eps1: float, eps2: float, clip_threshold: float, beta1: float | None,
-    weight_decay: float, scale_parameter: bool,
-) -> Tensor:
+    scalars: Tensor, *, decay: bool, scale_parameter: bool,
+) -> None:
     """One step of Algorithm 4 for a parameter of two or more dims (factored over
     the last two). Updates param, row, col, exp_avg and ``rms_out`` (the state's
-    RMS) in place; returns alpha_t."""
+    RMS, with scale_parameter) in place."""
     dtype = row.dtype
     x = param.to(dtype)
     g = grad.to(dtype) * scalars[INV_SCALE]
     beta2t = scalars[BETA2T]
-    rms_x, step_size = _step_size(x, scalars, eps2, scale_parameter)
-    g2 = g * g + eps1
+    rms_x, step_size = _step_size(x, scalars, scale_parameter)
+    g2 = g * g + scalars[EPS1]
     # R_t = beta2t R + (1 - beta2t) mean_j(G² + eps1);  C_t likewise over i
     row.mul_(beta2t).add_((1.0 - beta2t) * g2.mean(-1))
     col.mul_(beta2t).add_((1.0 - beta2t) * g2.mean(-2))
     # U = G / sqrt(R_t C_t / mean(R_t))
     r_factor = (row / row.mean(-1, keepdim=True)).rsqrt().unsqueeze(-1)
     u = g * r_factor * col.rsqrt().unsqueeze(-2)
-    _apply(param, x, u, exp_avg, step_size, _rms(u), clip_threshold=clip_threshold, beta1=beta1, weight_decay=weight_decay)
+    _apply(param, x, u, exp_avg, step_size, scalars, decay=decay)
     if rms_x is not None:
         rms_out.copy_(rms_x)
-    return step_size
 
 
 def full_update_(
     param: Tensor, grad: Tensor, exp_avg_sq: Tensor, exp_avg: Tensor | None, rms_out: Tensor,
-    scalars: Tensor, *, eps1: float, eps2: float, clip_threshold: float, beta1: float | None,
-    weight_decay: float, scale_parameter: bool,
-) -> Tensor:
+    scalars: Tensor, *, decay: bool, scale_parameter: bool,
+) -> None:
     """One step of Algorithm 5 (vectors and scalars: the full second moment)."""
     dtype = exp_avg_sq.dtype
     x = param.to(dtype)
     g = grad.to(dtype) * scalars[INV_SCALE]
     beta2t = scalars[BETA2T]
-    rms_x, step_size = _step_size(x, scalars, eps2, scale_parameter)
+    rms_x, step_size = _step_size(x, scalars, scale_parameter)
     # V_t = beta2t V + (1 - beta2t)(G² + eps1);  U = G / sqrt(V_t)
-    exp_avg_sq.mul_(beta2t).add_((1.0 - beta2t) * (g * g + eps1))
+    exp_avg_sq.mul_(beta2t).add_((1.0 - beta2t) * (g * g + scalars[EPS1]))
     u = g * exp_avg_sq.rsqrt()
-    _apply(param, x, u, exp_avg, step_size, _rms(u), clip_threshold=clip_threshold, beta1=beta1, weight_decay=weight_decay)
+    _apply(param, x, u, exp_avg, step_size, scalars, decay=decay)
     if rms_x is not None:
         rms_out.copy_(rms_x)
-    return step_size
 
 
 class CompiledUpdates:

@@ -38,7 +38,7 @@ from optcore import ConfigError, Optimizer, validate_hparams
 from . import _cpu_kernel
 from ._config import AdafactorConfig
 from ._kernels import Workspace, apply_factored_, apply_full_, factored_second_moment_, full_second_moment_
-from ._traceable import BETA2T, INV_SCALE, RHO, CompiledUpdates, factored_update_, full_update_
+from ._traceable import CompiledUpdates, factored_update_, full_update_, pack_scalars
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -368,10 +368,7 @@ class Adafactor(Optimizer):
         rms = state["RMS"]
         if compiled:  # step-dependent numbers on the host, handed over as data
             state["step"] = t = int(state["step"]) + 1
-            scalars = torch.zeros(3, dtype=rms.dtype, device=rms.device)
-            scalars[BETA2T] = 1.0 - math.pow(t, group["decay_rate"])
-            scalars[RHO] = self._rho(group, t)
-            scalars[INV_SCALE] = inv_scale
+            scalars = pack_scalars(group, 1.0 - math.pow(t, group["decay_rate"]), self._rho(group, t), inv_scale, rms)
             fn = self._compiled.get(p.device, p.dtype, p.dim())
         else:
             step = state["step"]
@@ -384,15 +381,12 @@ class Adafactor(Optimizer):
                 rho = torch.minimum(t * 1e-6 if group["warmup_init"] else torch.full_like(t, 1e-2), t.rsqrt())
                 rho = rho * float(group.get("lr_scale", 1.0))
             else:
-                rho = torch.as_tensor(group["lr"], dtype=rms.dtype, device=rms.device)
-            scalars = torch.stack([beta2t, rho, torch.full_like(t, inv_scale)])
+                rho = group["lr"]
+            scalars = pack_scalars(group, beta2t, rho, inv_scale, rms)
             fn = factored_update_ if p.dim() >= 2 else full_update_
         stats = (state["exp_avg_sq_row"], state["exp_avg_sq_col"]) if p.dim() >= 2 else (state["exp_avg_sq"],)
-        fn(
-            p, p.grad, *stats, state["exp_avg"] if group["beta1"] is not None else None, rms, scalars,
-            eps1=group["eps"][0], eps2=group["eps"][1], clip_threshold=group["clip_threshold"],
-            beta1=group["beta1"], weight_decay=group["weight_decay"], scale_parameter=group["scale_parameter"],
-        )
+        exp_avg = state["exp_avg"] if group["beta1"] is not None else None
+        fn(p, p.grad, *stats, exp_avg, rms, scalars, decay=group["weight_decay"] != 0, scale_parameter=group["scale_parameter"])
 
     # --------------------------------------------------------------- checkpoint
     def load_state_dict(  # type: ignore[override]
