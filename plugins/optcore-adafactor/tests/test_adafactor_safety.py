@@ -107,3 +107,24 @@ def test_state_of_another_shape_is_refused_on_every_implementation() -> None:
         w.grad = torch.randn(40, 24)
         with pytest.raises(RuntimeError, match=r"'exp_avg_sq_row' of parameter #0 .* has shape \(4,\), expected \(40,\)"):
             opt.step()
+
+
+@pytest.mark.parametrize(
+    ("which", "bad", "match"),
+    [
+        ("row", torch.zeros(5), r"exp_avg_sq_row has shape \(5,\), expected \(64,\)"),
+        ("col", torch.zeros(64), r"exp_avg_sq_col has shape \(64,\), expected \(32,\)"),
+        ("exp_avg", torch.zeros(32, 64), r"exp_avg has shape \(32, 64\)"),
+        ("grad", torch.randn(64, 64)[:, :32], "contiguous"),
+    ],
+)
+def test_whole_step_kernel_refuses_every_mismatched_tensor(which: str, bad: torch.Tensor, match: str) -> None:
+    args = {"param": torch.randn(64, 32), "grad": torch.randn(64, 32), "exp_avg": torch.zeros(64, 32),
+            "row": torch.zeros(64), "col": torch.zeros(32)}
+    args[which] = bad
+    before = args["param"].clone()
+    with pytest.raises(ValueError, match=match):
+        _cpu_kernel.step_(args["param"], args["grad"], args["exp_avg"], args["row"], args["col"], beta2t=0.5,
+                          inv_scale=1.0, eps1=1e-30, eps2=1e-3, rho=1e-2, clip_threshold=1.0, beta1=0.9,
+                          weight_decay=0.0, scale_parameter=True)
+    assert torch.equal(before, args["param"])

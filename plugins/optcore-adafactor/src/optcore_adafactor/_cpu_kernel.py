@@ -101,9 +101,84 @@ CLONES void adafactor_apply(int64_t n, int64_t m, float *x, const float *g, floa
     }
   }
 }
+
+/* The whole factored step of an n x m fp32 matrix in two passes (one call):
+   pass 1 reads g (and x, for RMS(x) with scale_parameter) and updates row,
+   summing the columns of g^2 and g^2/row per thread into part (threads x 2 x m);
+   then the small vectors: col, the factors r (into rbuf, n) and c (into part),
+   RMS(U) from the column sums (see _kernels), the step size;
+   pass 2: x (and mom) updated from g, r and c.
+   in:  f[0..10] = beta2t, inv_s2, eps1, eps2, rho, clip, beta1, wd, inv_scale
+   out: out[0] = RMS(x) before the step, out[1] = step size, out[2] = RMS(U). */
+CLONES void adafactor_step(int64_t n, int64_t m, float *x, const float *g, float *mom, float *row, float *col,
+                           float *part, float *rbuf, const float *f, int scale_parameter, double *out, int threads) {
+  const float beta2t = f[0], inv_s2 = f[1], eps1 = f[2], eps2 = f[3], rho = f[4], clip = f[5], beta1 = f[6],
+              wd = f[7], inv_scale = f[8];
+  const float a = (1.0f - beta2t) * inv_s2 / (float)m, b = (1.0f - beta2t) * eps1;
+  double xsq = 0.0;
+  memset(part, 0, (int64_t)threads * 2 * m * sizeof(float));
+#pragma omp parallel num_threads(threads) reduction(+:xsq)
+  {
+    int t = 0;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+#endif
+    float *sq = part + (int64_t)t * 2 * m, *w = sq + m;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float *gi = g + i * m;
+      double s = 0.0;
+#pragma omp simd reduction(+:s)
+      for (int64_t j = 0; j < m; ++j) s += (double)gi[j] * gi[j];
+      if (scale_parameter) {
+        const float *xi = x + i * m;
+        double q = 0.0;
+#pragma omp simd reduction(+:q)
+        for (int64_t j = 0; j < m; ++j) q += (double)xi[j] * xi[j];
+        xsq += q;
+      }
+      float r = beta2t * row[i] + a * (float)s + b;
+      float inv = 1.0f / r;
+      row[i] = r;
+      for (int64_t j = 0; j < m; ++j) {
+        float v = gi[j] * gi[j];
+        sq[j] += v;
+        w[j] += v * inv;
+      }
+    }
+  }
+  /* column statistics, RMS(U) and the factors (O(n + m)) */
+  for (int tt = 1; tt < threads; ++tt) {
+    const float *sq = part + (int64_t)tt * 2 * m, *w = sq + m;
+    for (int64_t j = 0; j < m; ++j) {
+      part[j] += sq[j];
+      part[m + j] += w[j];
+    }
+  }
+  const float ac = (1.0f - beta2t) * inv_s2 / (float)n;
+  double row_sum = 0.0, wsum = 0.0;
+  for (int64_t i = 0; i < n; ++i) row_sum += row[i];
+  const float row_mean = (float)(row_sum / (double)n);
+  for (int64_t j = 0; j < m; ++j) {
+    float cj = beta2t * col[j] + ac * part[j] + b;
+    col[j] = cj;
+    wsum += (double)part[m + j] / cj;
+    part[j] = 1.0f / sqrtf(cj); /* c_j */
+  }
+  const double rms_u = sqrt(wsum * row_mean * inv_s2 / ((double)n * (double)m));
+  const double rms_x = sqrt(xsq / ((double)n * (double)m));
+  const double step = scale_parameter ? (rms_x > eps2 ? rms_x : eps2) * rho : rho;
+  const double lr = step / (rms_u / clip > 1.0 ? rms_u / clip : 1.0) * inv_scale;
+  const float rs = mom ? (float)((1.0 - beta1) * lr) : (float)(-lr);
+  for (int64_t i = 0; i < n; ++i) rbuf[i] = rs / sqrtf(row[i] / row_mean);
+  out[0] = rms_x;
+  out[1] = step;
+  out[2] = rms_u;
+  adafactor_apply(n, m, x, g, mom, rbuf, part, (float)(wd * step), beta1, threads);
+}
 """
 
-_HEADER = "#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
+_HEADER = "#include <math.h>\n#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
 
 #: Why the kernel could not be built, once :func:`load` has failed.
 unavailable_reason: str | None = None
@@ -125,6 +200,8 @@ def load() -> ctypes.CDLL | None:
         lib.adafactor_stats.restype = None
         lib.adafactor_apply.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, f, f, ctypes.c_int]
         lib.adafactor_apply.restype = None
+        lib.adafactor_step.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int]
+        lib.adafactor_step.restype = None
     return lib
 
 
@@ -220,3 +297,34 @@ def apply_(param: Tensor, grad: Tensor, exp_avg: Tensor | None, r: Tensor, c: Te
     mom_ptr = _require("exp_avg", exp_avg, (n, m)) if exp_avg is not None else None
     r_ptr, c_ptr = _require("row factor", r, (n,)), _require("column factor", c, (m,))
     lib.adafactor_apply(n, m, x_ptr, g_ptr, mom_ptr, r_ptr, c_ptr, decay, beta1, _threads(n))
+
+
+def step_(
+    param: Tensor, grad: Tensor, exp_avg: Tensor | None, row: Tensor, col: Tensor, *, beta2t: float, inv_scale: float,
+    eps1: float, eps2: float, rho: float, clip_threshold: float, beta1: float, weight_decay: float,
+    scale_parameter: bool,
+) -> tuple[float, float]:
+    """One whole factored step of an fp32 CPU matrix (see ``adafactor_step``):
+    updates param, exp_avg, row and col in place and returns ``(RMS(X) before
+    the step, step size)``. One call per matrix: no torch op in between."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
+    if param.dim() != 2:
+        raise ValueError(f"Adafactor C kernel: param must be a matrix, got shape {tuple(param.shape)}.")
+    n, m = param.shape
+    threads = _threads(n)
+    part, rbuf = torch.empty(threads, 2, m), torch.empty(n)
+    scalars = torch.tensor([beta2t, inv_scale * inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay, inv_scale])
+    out = torch.empty(3, dtype=torch.float64)
+    ptrs = [
+        _require("param", param, (n, m)), _require("grad", grad, (n, m)),
+        _require("exp_avg", exp_avg, (n, m)) if exp_avg is not None else None,
+        _require("exp_avg_sq_row", row, (n,)), _require("exp_avg_sq_col", col, (m,)),
+        _require("part", part, (threads, 2, m)), _require("rbuf", rbuf, (n,)), _require("scalars", scalars, (9,)),
+    ]
+    if out.device.type != "cpu" or not out.is_contiguous():  # our own buffer; checked like the rest
+        raise ValueError("Adafactor C kernel: bad output buffer.")
+    lib.adafactor_step(n, m, *ptrs, int(scale_parameter), out.data_ptr(), threads)
+    rms_x, step_size, _ = out.tolist()
+    return rms_x, step_size

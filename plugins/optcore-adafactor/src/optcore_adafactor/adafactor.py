@@ -332,6 +332,11 @@ class Adafactor(Optimizer):
         beta1 = group["beta1"]
         exp_avg = state["exp_avg"] if beta1 is not None else None
         use_c = group["implementation"] != "torch"
+        if use_c and p.dim() == 2 and _cpu_kernel.eligible(
+            p, p.grad, exp_avg, state["exp_avg_sq_row"][None], state["exp_avg_sq_col"][None]
+        ):
+            self._update_c(group, p, state, beta2t, t, inv_scale)
+            return
         # Second moment, and the direction U = G / sqrt(V) with its RMS.
         if p.dim() >= 2:
             r, c, rms_u = factored_second_moment_(
@@ -355,6 +360,18 @@ class Adafactor(Optimizer):
             apply_factored_(p, p.grad, r, c, exp_avg, lr=lr, beta1=beta1, decay=decay, workspace=self._workspace, use_c=use_c)
         else:
             apply_full_(p, u, exp_avg, lr=lr, beta1=beta1, decay=decay)
+
+    def _update_c(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], beta2t: float, t: int, inv_scale: float) -> None:
+        """The same step of an fp32 CPU matrix as one C call (two passes over memory)."""
+        rms_x, _ = _cpu_kernel.step_(
+            p, p.grad, state.get("exp_avg") if group["beta1"] is not None else None,
+            state["exp_avg_sq_row"], state["exp_avg_sq_col"], beta2t=beta2t, inv_scale=inv_scale,
+            eps1=group["eps"][0], eps2=group["eps"][1], rho=float(self._rho(group, t)),
+            clip_threshold=group["clip_threshold"], beta1=group["beta1"] or 0.0,
+            weight_decay=group["weight_decay"], scale_parameter=group["scale_parameter"],
+        )
+        if group["scale_parameter"]:
+            state["RMS"].fill_(rms_x)
 
     def _update_traceable(self, group: dict[str, Any], p: Tensor, inv_scale: float, *, compiled: bool) -> None:
         """The same step as whole-tensor torch ops with no host reads: traced
