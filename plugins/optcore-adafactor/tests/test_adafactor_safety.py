@@ -128,3 +128,20 @@ def test_whole_step_kernel_refuses_every_mismatched_tensor(which: str, bad: torc
                           inv_scale=1.0, eps1=1e-30, eps2=1e-3, rho=1e-2, clip_threshold=1.0, beta1=0.9,
                           weight_decay=0.0, scale_parameter=True)
     assert torch.equal(before, args["param"])
+
+
+@pytest.mark.parametrize(
+    ("which", "bad", "match"),
+    [("exp_avg_sq", torch.zeros(5), r"exp_avg_sq has shape \(5,\), expected \(64,\)"),
+     ("exp_avg", torch.zeros(65), r"exp_avg has shape \(65,\)"),
+     ("grad", torch.zeros(64, dtype=torch.float64), "float32")],
+)
+def test_vector_step_kernel_refuses_every_mismatched_tensor(which: str, bad: torch.Tensor, match: str) -> None:
+    args = {"param": torch.randn(64), "grad": torch.randn(64), "exp_avg": torch.zeros(64), "exp_avg_sq": torch.zeros(64)}
+    args[which] = bad
+    before = args["param"].clone()
+    with pytest.raises(ValueError, match=match):
+        _cpu_kernel.vector_step_(args["param"], args["grad"], args["exp_avg"], args["exp_avg_sq"], beta2t=0.5,
+                                 inv_scale=1.0, eps1=1e-30, eps2=1e-3, rho=1e-2, clip_threshold=1.0, beta1=0.9,
+                                 weight_decay=0.0, scale_parameter=True)
+    assert torch.equal(before, args["param"])

@@ -176,6 +176,40 @@ CLONES void adafactor_step(int64_t n, int64_t m, float *x, const float *g, float
   out[2] = rms_u;
   adafactor_apply(n, m, x, g, mom, rbuf, part, (float)(wd * step), beta1, threads);
 }
+
+/* The whole step of an fp32 vector (full second moment v, Algorithm 5), two
+   passes, for the many small bias and norm vectors a model has (one call
+   instead of a dozen torch ops). f and out as for adafactor_step. */
+CLONES void adafactor_vector_step(int64_t n, float *x, const float *g, float *mom, float *v, const float *f,
+                                  int scale_parameter, double *out) {
+  const float beta2t = f[0], eps1 = f[2], eps2 = f[3], rho = f[4], clip = f[5], beta1 = f[6], wd = f[7],
+              inv_scale = f[8];
+  double usq = 0.0, xsq = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    float gj = g[j] * inv_scale;
+    float vj = beta2t * v[j] + (1.0f - beta2t) * (gj * gj + eps1);
+    v[j] = vj;
+    usq += (double)(gj * gj) / vj;
+    xsq += (double)x[j] * x[j];
+  }
+  const double rms_u = sqrt(usq / (double)n), rms_x = sqrt(xsq / (double)n);
+  const double step = scale_parameter ? (rms_x > eps2 ? rms_x : eps2) * rho : rho;
+  const float lr = (float)(step / (rms_u / clip > 1.0 ? rms_u / clip : 1.0));
+  const float decay = (float)(wd * step);
+  for (int64_t j = 0; j < n; ++j) {
+    float u = g[j] * inv_scale / sqrtf(v[j]) * lr;
+    float xj = x[j] - decay * x[j];
+    if (mom) {
+      mom[j] = beta1 * mom[j] + (1.0f - beta1) * u;
+      x[j] = xj - mom[j];
+    } else {
+      x[j] = xj - u;
+    }
+  }
+  out[0] = rms_x;
+  out[1] = step;
+  out[2] = rms_u;
+}
 """
 
 _HEADER = "#include <math.h>\n#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
@@ -202,6 +236,8 @@ def load() -> ctypes.CDLL | None:
         lib.adafactor_apply.restype = None
         lib.adafactor_step.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int]
         lib.adafactor_step.restype = None
+        lib.adafactor_vector_step.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int, ptr]
+        lib.adafactor_vector_step.restype = None
     return lib
 
 
@@ -299,6 +335,46 @@ def apply_(param: Tensor, grad: Tensor, exp_avg: Tensor | None, r: Tensor, c: Te
     lib.adafactor_apply(n, m, x_ptr, g_ptr, mom_ptr, r_ptr, c_ptr, decay, beta1, _threads(n))
 
 
+def _scalars(beta2t: float, inv_scale: float, eps1: float, eps2: float, rho: float, clip_threshold: float,
+             beta1: float, weight_decay: float) -> Tensor:
+    """The numbers both whole-step kernels read (``f`` in SOURCE)."""
+    return torch.tensor([beta2t, inv_scale * inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay, inv_scale])
+
+
+def vector_eligible(*tensors: Tensor | None) -> bool:
+    """Whether :func:`vector_step_` takes these (fp32 contiguous CPU vectors or scalars)."""
+    if torch.compiler.is_compiling():
+        return False
+    return all(t is None or (_plain_cpu_fp32(t) and t.dim() <= 1 and t.is_contiguous()) for t in tensors) and (
+        load() is not None
+    )
+
+
+def vector_step_(
+    param: Tensor, grad: Tensor, exp_avg: Tensor | None, exp_avg_sq: Tensor, *, beta2t: float, inv_scale: float,
+    eps1: float, eps2: float, rho: float, clip_threshold: float, beta1: float, weight_decay: float,
+    scale_parameter: bool,
+) -> tuple[float, float]:
+    """One whole step of an fp32 CPU vector (``adafactor_vector_step``); returns
+    ``(RMS(X) before the step, step size)``."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
+    shape = tuple(param.shape)
+    if len(shape) > 1:
+        raise ValueError(f"Adafactor C kernel: param must be a vector, got shape {shape}.")
+    scalars = _scalars(beta2t, inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay)
+    out = torch.empty(3, dtype=torch.float64)
+    ptrs = [
+        _require("param", param, shape), _require("grad", grad, shape),
+        _require("exp_avg", exp_avg, shape) if exp_avg is not None else None,
+        _require("exp_avg_sq", exp_avg_sq, shape), _require("scalars", scalars, (9,)),
+    ]
+    lib.adafactor_vector_step(param.numel(), *ptrs, int(scale_parameter), out.data_ptr())
+    rms_x, step_size, _ = out.tolist()
+    return rms_x, step_size
+
+
 def step_(
     param: Tensor, grad: Tensor, exp_avg: Tensor | None, row: Tensor, col: Tensor, *, beta2t: float, inv_scale: float,
     eps1: float, eps2: float, rho: float, clip_threshold: float, beta1: float, weight_decay: float,
@@ -315,7 +391,7 @@ def step_(
     n, m = param.shape
     threads = _threads(n)
     part, rbuf = torch.empty(threads, 2, m), torch.empty(n)
-    scalars = torch.tensor([beta2t, inv_scale * inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay, inv_scale])
+    scalars = _scalars(beta2t, inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay)
     out = torch.empty(3, dtype=torch.float64)
     ptrs = [
         _require("param", param, (n, m)), _require("grad", grad, (n, m)),

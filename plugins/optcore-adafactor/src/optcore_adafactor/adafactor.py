@@ -335,7 +335,10 @@ class Adafactor(Optimizer):
         if use_c and p.dim() == 2 and _cpu_kernel.eligible(
             p, p.grad, exp_avg, state["exp_avg_sq_row"][None], state["exp_avg_sq_col"][None]
         ):
-            self._update_c(group, p, state, beta2t, t, inv_scale)
+            self._update_c(_cpu_kernel.step_, group, p, state, beta2t, t, inv_scale, ("exp_avg_sq_row", "exp_avg_sq_col"))
+            return
+        if use_c and p.dim() <= 1 and _cpu_kernel.vector_eligible(p, p.grad, exp_avg, state["exp_avg_sq"]):
+            self._update_c(_cpu_kernel.vector_step_, group, p, state, beta2t, t, inv_scale, ("exp_avg_sq",))
             return
         # Second moment, and the direction U = G / sqrt(V) with its RMS.
         if p.dim() >= 2:
@@ -361,11 +364,15 @@ class Adafactor(Optimizer):
         else:
             apply_full_(p, u, exp_avg, lr=lr, beta1=beta1, decay=decay)
 
-    def _update_c(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], beta2t: float, t: int, inv_scale: float) -> None:
-        """The same step of an fp32 CPU matrix as one C call (two passes over memory)."""
-        rms_x, _ = _cpu_kernel.step_(
+    def _update_c(
+        self, kernel: Callable[..., tuple[float, float]], group: dict[str, Any], p: Tensor, state: dict[str, Any],
+        beta2t: float, t: int, inv_scale: float, stats: tuple[str, ...],
+    ) -> None:
+        """The same step of an fp32 CPU matrix or vector as one C call (two
+        passes over memory, no torch op in between)."""
+        rms_x, _ = kernel(
             p, p.grad, state.get("exp_avg") if group["beta1"] is not None else None,
-            state["exp_avg_sq_row"], state["exp_avg_sq_col"], beta2t=beta2t, inv_scale=inv_scale,
+            *(state[k] for k in stats), beta2t=beta2t, inv_scale=inv_scale,
             eps1=group["eps"][0], eps2=group["eps"][1], rho=float(self._rho(group, t)),
             clip_threshold=group["clip_threshold"], beta1=group["beta1"] or 0.0,
             weight_decay=group["weight_decay"], scale_parameter=group["scale_parameter"],
