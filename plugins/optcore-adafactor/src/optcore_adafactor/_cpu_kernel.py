@@ -1,15 +1,21 @@
-"""The two passes of a factored step as plain C loops, for fp32 CPU matrices.
+"""Adafactor's step as plain C loops, for fp32 CPU tensors.
 
 Written with torch ops (:mod:`optcore_adafactor._kernels`), the statistics
-pass costs three times the memory traffic it needs: the CPU spends its time on
-a square, two matrix-vector products and a fused square-and-sum over each
-chunk. These loops read G once for the statistics and read G and X (and M)
-once, writing X (and M) once, for the update: the step then runs at the memory
-bandwidth. They need no torch headers, so the system C compiler builds them in
-well under a second on first use; the library is cached
-(``$OPTCORE_CACHE_DIR``, else ``~/.cache/optcore``) and called through
-:mod:`ctypes`, which releases the GIL. OpenMP threads follow
-``torch.get_num_threads()``.
+pass costs three times the memory traffic it needs, and the dozen small ops
+around it (row mean, factors, RMS(U), RMS(p), ...) cost more than the passes
+on small tensors. ``adafactor_step`` does the whole step of a matrix in one
+call: one pass reading G (and X, for RMS(X)) for the statistics, the O(n + m)
+work, and one pass reading G and X (and M) and writing X (and M).
+``adafactor_vector_step`` does the same for a vector (full second moment).
+They need no torch headers, so the system C compiler builds them in well
+under a second on first use; the library is cached (``$OPTCORE_CACHE_DIR``,
+else ``~/.cache/optcore``) and called through :mod:`ctypes`, which releases
+the GIL. OpenMP threads follow ``torch.get_num_threads()``.
+
+The loops trust the sizes they get, so every tensor is checked before its
+pointer goes to C (:func:`_require`: plain fp32 CPU tensor, exact shape,
+contiguous, storage large enough), and nothing runs while torch.compile
+traces (the tensors are then stand-ins without memory).
 
 Where no compiler works, or with ``OPTCORE_ADAFACTOR_KERNEL=0``, :func:`load`
 returns ``None`` (the reason is in :data:`unavailable_reason`) and the torch

@@ -33,9 +33,9 @@ A gradient that arrives multiplied by a loss scale s is handled by folding
 1/s² into the (small) statistics and 1/s into the step size: no pass over the
 gradients is spent on unscaling.
 
-Where a C compiler is found, fp32 CPU matrices take :mod:`._cpu_kernel`
-instead: the same two passes as plain loops (G read once in each), at about
-the memory bandwidth: 20 bytes per parameter. Parameters of more than two dims (conv kernels) and strided
+Where a C compiler is found, fp32 CPU matrices and vectors take
+:mod:`._cpu_kernel` instead (the whole step in one C call: the same two
+passes as plain loops, G read once in each; 20 bytes per parameter). Parameters of more than two dims (conv kernels) and strided
 views take the same formulas as whole-tensor ops; vectors keep the full second
 moment.
 """
