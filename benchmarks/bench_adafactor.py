@@ -8,12 +8,19 @@
 All implementations update the same transformer-shaped parameters (attention
 and MLP weights of d x d, 4d x d and d x 4d, plus bias and norm vectors) with
 the same gradients, in relative-step mode (the default everywhere it exists),
-interleaved in rounds in one process; each gets its best round. The lower
-bound is the memory traffic of a step, divided by the copy bandwidth measured
-in the same rounds (the best ``Tensor.copy_`` of a 256 MB tensor, bytes read +
-written): an fp32 Adafactor step must read p and g and write p, 12 bytes per
-parameter (20 with a first moment: read and write m too); the factored
-statistics are a few KB per matrix. Peers that are not installed are left out.
+interleaved in rounds in one process; each gets its best round. The bound is
+the memory traffic of a step at the stream bandwidth measured in the same
+rounds (:func:`common.stream_bandwidth`: the best in-place ``a.add_(b)`` over
+256 MB, 12 bytes per element): an fp32 Adafactor step must read p and g and
+write p, 12 bytes per parameter (20 with a first moment: read and write m
+too); the factored statistics are a few KB per matrix. Adafactor's own floor
+is about 1.7x that: the row/column statistics (and RMS(p)) need a pass over g
+before the update may start. Each row shows the ratio to the bound and to
+transformers' Adafactor, side by side. Peers that are not installed are left out.
+
+optcore's Adafactor runs in each of its implementations: ``c`` (C loops for
+fp32 CPU matrices), ``torch`` (chunked torch ops) and ``compiled`` (the update
+through torch.compile; its compile time is spent in the warm-up, not timed).
 
 Peers: transformers' Adafactor (the reference semantics), pytorch_optimizer's
 AdaFactor, timm.optim.Adafactor and torch.optim.Adafactor (its own semantics
@@ -31,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from common import copy_bandwidth, sync, transformer_shaped  # benchmarks/common.py
+from common import stream_bandwidth, sync, transformer_shaped  # benchmarks/common.py
 
 Factory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
@@ -42,11 +49,19 @@ Factory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
 
 
+PEERS = {"enabled": True}
+#: optcore's implementations to time (``--ours``)
+OURS = ["c", "torch", "compiled"]
+
+
 def implementations(beta1: float | None) -> dict[str, Factory]:
     """name -> factory for ours and every installed peer."""
     from optcore_adafactor import Adafactor
 
-    impls: dict[str, Factory] = {"optcore_adafactor.Adafactor": lambda ps: Adafactor(ps, beta1=beta1)}
+    impls: dict[str, Factory] = {
+        f"optcore_adafactor ({impl})": lambda ps, impl=impl: Adafactor(ps, beta1=beta1, implementation=impl)
+        for impl in OURS
+    }
     peers: dict[str, tuple[str, str, dict]] = {
         "transformers Adafactor": ("transformers.optimization", "Adafactor", {"beta1": beta1}),
         "pytorch_optimizer.AdaFactor": ("pytorch_optimizer", "AdaFactor", {"lr": None, "betas": (beta1, 0.999)}),
@@ -54,6 +69,8 @@ def implementations(beta1: float | None) -> dict[str, Factory]:
     }
     if beta1 is None:
         peers["torch.optim.Adafactor"] = ("torch.optim", "Adafactor", {})
+    if not PEERS["enabled"]:
+        peers = {k: v for k, v in peers.items() if k == "transformers Adafactor"}  # the x HF column needs it
     for name, (module, attr, kwargs) in peers.items():
         try:
             cls = getattr(importlib.import_module(module), attr)
@@ -77,10 +94,12 @@ def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float |
     opts = {name: make(params) for name, make in implementations(beta1).items()}
     best = {name: float("inf") for name in opts}
     bandwidth = 0.0
+    for opt in opts.values():
+        opt.step()  # warm-up (state creation, scratch buffers, compilation)
     for _ in range(rounds):
-        bandwidth = max(bandwidth, copy_bandwidth(device))
+        bandwidth = max(bandwidth, stream_bandwidth(device))
         for name, opt in opts.items():
-            opt.step()  # warm-up (state creation, scratch buffers)
+            opt.step()
             sync(device)
             start = time.perf_counter()
             for _ in range(steps):
@@ -92,7 +111,7 @@ def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float |
     hf = best.get("transformers Adafactor", float("nan"))
     where = f"{torch.get_num_threads()} threads" if device == "cpu" else torch.cuda.get_device_name(device)
     print(f"\n### {n / 1e6:.1f}M parameters (d_model {d_model}, {len(params)} tensors), beta1={beta1}, "
-          f"{where}, copy bandwidth {bandwidth / 1e9:.1f} GB/s, "
+          f"{where}, stream bandwidth {bandwidth / 1e9:.1f} GB/s (in-place add_), "
           f"bound {bound:.1f} ms/step\n")
     print("| implementation | ms/step | x bound | x HF | state MB |")
     print("|---|---:|---:|---:|---:|")
@@ -110,8 +129,12 @@ def main() -> None:
     parser.add_argument("--beta1", type=float, default=None, help="first-moment coefficient (default: none)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: cores)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--ours", default=",".join(OURS), help="optcore implementations to time (c,torch,compiled)")
+    parser.add_argument("--peers", default="all", help="'all', or 'none' for optcore's implementations only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    OURS[:] = [x.strip() for x in args.ours.split(",") if x.strip()]
+    PEERS["enabled"] = args.peers != "none"
     configs = {"10M": (10e6, 512, 5), "100M": (100e6, 1024, 2)}  # size -> (params, d_model, steps per round)
     for size in args.sizes.split(","):
         n_params, d_model, steps = configs[size.strip()]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from optcore_adafactor import Adafactor
-from optcore_adafactor import _cpu_kernel, _kernels
+from optcore_adafactor import _cpu_kernel, _kernels, _traceable
 
 hf = pytest.importorskip("transformers.optimization")
 
@@ -31,13 +31,25 @@ MODES = {
 }
 
 
-@pytest.fixture(autouse=True, params=["c-kernel", "torch-ops"])
+#: the implementation _run_both builds (set by the ``path`` fixture)
+IMPLEMENTATION = {"name": "auto"}
+
+
+@pytest.fixture(autouse=True, params=["c-kernel", "torch-ops", "traceable"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs on both CPU paths: the C loops (where a compiler is
-    found) and torch ops in chunks of 64 elements (so every matrix takes several)."""
+    """Every test runs on each CPU path: the C loops (where a compiler is
+    found), torch ops in chunks of 64 elements (so every matrix takes several),
+    and the traceable whole-tensor update (implementation='compiled', run here
+    by torch.compile's eager backend to keep the sweep fast; test_adafactor_compile
+    runs inductor)."""
+    IMPLEMENTATION["name"] = "auto"
     if request.param == "c-kernel":
         if _cpu_kernel.load() is None:
             pytest.skip(f"C kernel unavailable: {_cpu_kernel.unavailable_reason}")
+    elif request.param == "traceable":
+        torch._dynamo.reset()  # many optimizers in one process: start each test with a clean cache
+        monkeypatch.setattr(_traceable.CompiledUpdates, "backend", "eager")
+        monkeypatch.setitem(IMPLEMENTATION, "name", "compiled")
     else:
         monkeypatch.setattr(_cpu_kernel, "eligible", lambda *tensors: False)
     monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 64)
@@ -58,7 +70,7 @@ def _run_both(config: dict, dtype: torch.dtype = torch.float32, steps: int = 100
     init = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
     ours = [p.clone().requires_grad_() for p in init]
     ref = [p.clone().requires_grad_() for p in init]
-    opt, ref_opt = Adafactor(ours, **config), hf.Adafactor(ref, **config)
+    opt, ref_opt = Adafactor(ours, implementation=IMPLEMENTATION["name"], **config), hf.Adafactor(ref, **config)
     for step in range(steps):
         for i, (a, b) in enumerate(zip(ours, ref)):
             # gradients of different scales, an all-zero row now and then
@@ -84,6 +96,8 @@ def test_100_steps_match_transformers(mode: str) -> None:
     _assert_close(ours, ref, 1e-5)
     for a, b in zip(ours, ref):  # the statistics too, under the same state keys
         keys = [k for k in ("exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_sq", "exp_avg") if k in ref_opt.state[b]]
+        if MODES[mode].get("scale_parameter", True):
+            keys.append("RMS")
         assert keys and all(k in opt.state[a] for k in keys)
         _assert_close([opt.state[a][k] for k in keys], [ref_opt.state[b][k] for k in keys], 1e-5)
         assert opt.state[a]["step"] == ref_opt.state[b]["step"] == 100
@@ -120,7 +134,7 @@ def test_non_contiguous_params_match_transformers() -> None:
     a = base.clone().t().requires_grad_()  # non-contiguous leaf
     b = base.clone().t().contiguous().requires_grad_()
     assert not a.is_contiguous()
-    opt, ref_opt = Adafactor([a]), hf.Adafactor([b])
+    opt, ref_opt = Adafactor([a], implementation=IMPLEMENTATION["name"]), hf.Adafactor([b])
     for _ in range(20):
         g = torch.randn(20, 30, generator=gen)
         a.grad, b.grad = g.clone(), g.clone()

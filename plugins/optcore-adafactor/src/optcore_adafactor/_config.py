@@ -9,7 +9,7 @@ unchanged. The combinations those libraries reject with a bare ``ValueError``
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -70,6 +70,17 @@ class AdafactorConfig(HParams):
         False,
         description="Warm the relative step size up linearly: min(1e-6*step, 1/sqrt(step)). "
         "Needs relative_step=True.",
+    )
+
+    implementation: Literal["auto", "c", "torch", "compiled"] = Field(
+        "auto",
+        description=(
+            "How the update runs. 'c': C loops for float32 CPU matrices (built with the system C "
+            "compiler; an error if none works), torch ops elsewhere; 'torch': torch ops in cache-sized "
+            "chunks; 'compiled': the whole update as one torch.compile-d function per (device, dtype, "
+            "kind of parameter); 'auto': 'c' where it builds, else 'torch'. Under "
+            "torch.compile(opt.step) the traceable torch ops always run."
+        ),
     )
 
     @model_validator(mode="after")

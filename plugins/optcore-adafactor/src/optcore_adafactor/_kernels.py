@@ -33,9 +33,9 @@ A gradient that arrives multiplied by a loss scale s is handled by folding
 1/s² into the (small) statistics and 1/s into the step size: no pass over the
 gradients is spent on unscaling.
 
-Where a C compiler is found, fp32 CPU matrices take :mod:`._cpu_kernel`
-instead: the same two passes as plain loops (G read once in each), at about
-the memory bandwidth: 20 bytes per parameter. Parameters of more than two dims (conv kernels) and strided
+Where a C compiler is found, fp32 CPU matrices and vectors take
+:mod:`._cpu_kernel` instead (the whole step in one C call: the same two
+passes as plain loops, G read once in each; 20 bytes per parameter). Parameters of more than two dims (conv kernels) and strided
 views take the same formulas as whole-tensor ops; vectors keep the full second
 moment.
 """
@@ -121,7 +121,8 @@ def _column_sums(grad: Tensor, inv_row: Tensor, workspace: Workspace) -> tuple[T
 
 
 def factored_second_moment_(
-    grad: Tensor, row: Tensor, col: Tensor, *, beta2t: float, eps1: float, inv_scale: float, workspace: Workspace
+    grad: Tensor, row: Tensor, col: Tensor, *, beta2t: float, eps1: float, inv_scale: float, workspace: Workspace,
+    use_c: bool = True,
 ) -> tuple[Tensor, Tensor, float]:
     """Update the factored statistics R (shape[:-1]) and C (shape[:-2] +
     shape[-1:]) in place, and return ``r, c, RMS(U)`` with
@@ -135,7 +136,7 @@ def factored_second_moment_(
     inv_s2 = inv_scale * inv_scale
     # R_t = beta2t R + (1 - beta2t) mean_j(G² + eps1);  then the column sums
     # of G² (for C) and of G² / R_t (for RMS(U))
-    if _cpu_kernel.eligible(grad) and row.is_contiguous():
+    if use_c and _cpu_kernel.eligible(grad) and row.is_contiguous():
         a, b = (1.0 - beta2t) * inv_s2 / m, (1.0 - beta2t) * eps1
         col_sq, col_w = _cpu_kernel.stats_(grad, row, beta=beta2t, a=a, b=b)
     else:
@@ -164,13 +165,14 @@ def apply_factored_(
     beta1: float | None,
     decay: float,
     workspace: Workspace,
+    use_c: bool = True,
 ) -> None:
     """X <- X - decay X - (M_t or lr U), with U = G * (r ⊗ c) and, with a first
     moment, M_t = beta1 M + (1 - beta1) lr U: one pass over G and X (C loops
     for fp32 CPU matrices, else torch ops in chunks)."""
     dtype = r_factor.dtype
     r_scaled = r_factor.mul(-lr if exp_avg is None else (1.0 - beta1) * lr)  # type: ignore[operator]
-    if _cpu_kernel.eligible(param, grad, exp_avg):
+    if use_c and _cpu_kernel.eligible(param, grad, exp_avg):
         _cpu_kernel.apply_(param, grad, exp_avg, r_scaled, c_factor, decay=decay, beta1=beta1 or 0.0)
         return
     r_scaled, c_factor = r_scaled[..., None], c_factor[..., None, :]

@@ -35,8 +35,10 @@ from torch import Tensor
 
 from optcore import ConfigError, Optimizer, validate_hparams
 
+from . import _cpu_kernel
 from ._config import AdafactorConfig
 from ._kernels import Workspace, apply_factored_, apply_full_, factored_second_moment_, full_second_moment_
+from ._traceable import CompiledUpdates, factored_update_, full_update_, pack_scalars
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -69,10 +71,17 @@ class Adafactor(Optimizer):
         scale_parameter: multiply the step size by ``max(eps2, RMS(param))``.
         relative_step: compute the step size from the step count instead of ``lr``.
         warmup_init: warm the relative step size up linearly.
+        implementation: ``"auto"``, ``"c"``, ``"torch"`` or ``"compiled"`` (see
+            :class:`AdafactorConfig`); under ``torch.compile(opt.step)`` the
+            traceable torch ops run whatever is chosen.
 
     An external LR scheduler needs ``relative_step=False, scale_parameter=False``
     and an ``lr``. In relative-step mode ``group["lr"]`` stays ``None``, and
     :meth:`get_lr` reports the step size last applied to the first parameter.
+
+    The per-parameter state has exactly Hugging Face's keys (``step``,
+    ``exp_avg`` with beta1, ``exp_avg_sq_row`` and ``exp_avg_sq_col`` or
+    ``exp_avg_sq``, ``RMS``), so checkpoints move both ways.
     """
 
     config_schema: ClassVar[type[AdafactorConfig]] = AdafactorConfig
@@ -108,6 +117,7 @@ class Adafactor(Optimizer):
         scale_parameter: bool = True,
         relative_step: bool = True,
         warmup_init: bool = False,
+        implementation: str = "auto",
     ) -> None:
         defaults = validate_hparams(
             self.config_schema,
@@ -121,19 +131,58 @@ class Adafactor(Optimizer):
                 scale_parameter=scale_parameter,
                 relative_step=relative_step,
                 warmup_init=warmup_init,
+                implementation=implementation,
             ),
             "Adafactor",
         )
         self._workspace = Workspace()
+        self._compiled = CompiledUpdates()
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group, validating its own hyper-parameters like the defaults."""
         fields = {k: param_group.get(k, self.defaults[k]) for k in self.config_schema.model_fields}
         param_group.update(validate_hparams(self.config_schema, fields, "Adafactor"))
+        if param_group["implementation"] == "c" and _cpu_kernel.load() is None:
+            raise ConfigError(
+                f"Adafactor implementation='c' needs the C loops, which could not be built: "
+                f"{_cpu_kernel.unavailable_reason}. Install a C compiler (or set CC), or choose "
+                "implementation='torch' or 'compiled'.",
+                problems=[("implementation", "the C kernel is unavailable")],
+                target="Adafactor",
+            )
         super().add_param_group(param_group)
 
     # ------------------------------------------------------------ learning rate
+    def applied_step_size(self, p: Tensor) -> float | None:
+        """alpha_t of ``p``'s last step: ``max(eps2, RMS) rho_t`` (``rho_t``
+        without scale_parameter), from the state (``step``, ``RMS``), so it
+        costs nothing per step and survives a checkpoint; ``None`` before the
+        first step. In manual-lr mode ``rho_t`` is the group's current lr."""
+        state = self.state.get(p, {})
+        group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
+        if not state.get("step"):
+            return None
+        if group["relative_step"]:
+            rho = relative_step_size(int(state["step"]), group["warmup_init"]) * float(group.get("lr_scale", 1.0))
+        else:
+            rho = float(group["lr"])
+        if not group["scale_parameter"]:
+            return rho
+        return max(group["eps"][1], float(state.get("RMS", 0.0))) * rho
+
+    def _group_step_size(self, group: dict[str, Any]) -> float:
+        """The step size the group's first stepped parameter last got
+        (``lr_scale`` applied), else ``rho_1``: what a trainer should log."""
+        if not group["relative_step"]:
+            lr = group["lr"]
+            return float(lr.item() if isinstance(lr, Tensor) else lr)
+        for p in group["params"]:
+            size = self.applied_step_size(p)
+            if size is not None:
+                return size
+        return relative_step_size(1, group["warmup_init"]) * float(group.get("lr_scale", 1.0))
+
     def get_lr(self) -> float:
         """The first group's ``lr``; in relative-step mode the step size last
         applied to its first parameter (``rho_t`` of step 1 before any step),
@@ -141,10 +190,12 @@ class Adafactor(Optimizer):
         group = self.param_groups[0]
         if not group["relative_step"]:
             return super().get_lr()
-        for p in group["params"]:
-            if "step_size" in self.state.get(p, {}):
-                return float(self.state[p]["step_size"]) / (float(group.get("lr_scale", 1.0)) or 1.0)
-        return relative_step_size(1, group["warmup_init"])
+        return self._group_step_size(group) / (float(group.get("lr_scale", 1.0)) or 1.0)
+
+    def get_lrs(self) -> list[float]:
+        """Every group's learning rate as applied (``lr_scale`` included): the
+        group's ``lr``, or in relative-step mode its last step size."""
+        return [self._group_step_size(g) for g in self.param_groups]
 
     def set_lr(self, lr: float | Sequence[float]) -> None:
         """Set the external learning rate (manual-lr mode only: in relative-step
@@ -161,10 +212,10 @@ class Adafactor(Optimizer):
 
     @property
     def optimizer_config(self) -> dict[str, Any]:
-        config = super().optimizer_config
-        if self.param_groups and self.param_groups[0]["relative_step"]:
-            config["lr"] = None  # the computed step size is not a hyper-parameter
-        return config
+        """The effective hyper-parameters; in relative-step mode ``lr`` is the step
+        size applied last (:meth:`get_lr`), for logging (rebuilding from it needs
+        ``lr`` dropped, as the config schema says)."""
+        return super().optimizer_config
 
     # --------------------------------------------------------------------- step
     @torch.no_grad()
@@ -191,8 +242,12 @@ class Adafactor(Optimizer):
             self._check(group, p)
         for group, p in work:
             self._init_state(group, p)
+        traced = torch.compiler.is_compiling()  # C loops and host reads cannot be traced
         for group, p in work:
-            self._update(group, p, 1.0 / scale)
+            if traced or group["implementation"] == "compiled":
+                self._update_traceable(group, p, 1.0 / scale, compiled=not traced)
+            else:
+                self._update(group, p, 1.0 / scale)
         return loss
 
     @staticmethod
@@ -207,6 +262,15 @@ class Adafactor(Optimizer):
             shapes["exp_avg"] = p.shape
         return shapes
 
+    @staticmethod
+    def _param_name(group: dict[str, Any], p: Tensor) -> str:
+        """The parameter's name where the group has names, else its place."""
+        index = next(i for i, q in enumerate(group["params"]) if q is p)
+        names = group.get("param_names")
+        if names and index < len(names):
+            return repr(names[index])
+        return f"#{index} of param group {group.get('name', '')!r}".replace(" ''", "")
+
     def _check(self, group: dict[str, Any], p: Tensor) -> None:
         """Reject what Adafactor cannot step, saying what to do instead."""
         if p.grad.is_sparse:
@@ -219,26 +283,47 @@ class Adafactor(Optimizer):
                 f"Adafactor needs real floating-point parameters, got {p.dtype} of shape "
                 f"{tuple(p.shape)}; view a complex parameter as real (torch.view_as_real) first."
             )
+        if p.grad.shape != p.shape:
+            raise RuntimeError(
+                f"Adafactor: the gradient of parameter {self._param_name(group, p)} has shape "
+                f"{tuple(p.grad.shape)}, the parameter {tuple(p.shape)}."
+            )
         state = self.state.get(p, {})
         for key, shape in self._state_shapes(group, p).items():
-            if key in state and state[key].shape != shape:
+            value = state.get(key)
+            if value is not None and (not isinstance(value, Tensor) or value.shape != shape):
+                found = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
                 raise RuntimeError(
-                    f"Adafactor state {key!r} has shape {tuple(state[key].shape)}, expected "
-                    f"{tuple(shape)} for a parameter of shape {tuple(p.shape)}: the loaded "
-                    "state_dict belongs to another model or parameter order."
+                    f"Adafactor state {key!r} of parameter {self._param_name(group, p)} has shape "
+                    f"{found}, expected {tuple(shape)} for a parameter of shape {tuple(p.shape)}: the "
+                    "loaded state_dict belongs to another model or parameter order. Load the "
+                    "checkpoint into the model it was saved from, or start this optimizer fresh."
                 )
 
     def _init_state(self, group: dict[str, Any], p: Tensor) -> None:
         """Create missing state (zeros, fp32 for fp16/bf16 params) and move
-        loaded state to the parameter's device."""
+        loaded state to the parameter's device. ``RMS`` becomes a 0-dim tensor
+        (Hugging Face starts it as the int 0)."""
         state = self.state[p]
         state.setdefault("step", 0)
+        if isinstance(state["step"], Tensor) and not torch.compiler.is_compiling():
+            state["step"] = int(state["step"].item())  # left by a traced step: eager steps count in Python
         like = dict(device=p.device, dtype=torch.float32 if p.dtype in _LOW_PRECISION else p.dtype)
         for key, shape in self._state_shapes(group, p).items():
             state[key] = state[key].to(**like) if key in state else torch.zeros(shape, **like)
+        rms = state.get("RMS")
+        state["RMS"] = rms.to(**like) if isinstance(rms, Tensor) else torch.tensor(float(rms or 0.0), **like)
+
+    def _rho(self, group: dict[str, Any], t: int) -> float | Tensor:
+        """rho_t: the relative step size (times the core's layer-wise lr_scale),
+        or the group's lr (a tensor lr stays a tensor)."""
+        if group["relative_step"]:
+            return relative_step_size(t, group["warmup_init"]) * float(group.get("lr_scale", 1.0))
+        return group["lr"] if isinstance(group["lr"], Tensor) else float(group["lr"])
 
     def _update(self, group: dict[str, Any], p: Tensor, inv_scale: float) -> None:
-        """One step of Algorithm 4 (matrices) or 5 (vectors) for parameter ``p``."""
+        """One step of Algorithm 4 (matrices) or 5 (vectors) for parameter ``p``,
+        eagerly: C loops or chunked torch ops."""
         state = self.state[p]
         state["step"] += 1
         t = state["step"]
@@ -246,28 +331,86 @@ class Adafactor(Optimizer):
         eps1, eps2 = group["eps"]
         beta1 = group["beta1"]
         exp_avg = state["exp_avg"] if beta1 is not None else None
+        use_c = group["implementation"] != "torch"
+        if use_c and p.dim() == 2 and _cpu_kernel.eligible(
+            p, p.grad, exp_avg, state["exp_avg_sq_row"][None], state["exp_avg_sq_col"][None]
+        ):
+            self._update_c(_cpu_kernel.step_, group, p, state, beta2t, t, inv_scale, ("exp_avg_sq_row", "exp_avg_sq_col"))
+            return
+        if use_c and p.dim() <= 1 and _cpu_kernel.vector_eligible(p, p.grad, exp_avg, state["exp_avg_sq"]):
+            self._update_c(_cpu_kernel.vector_step_, group, p, state, beta2t, t, inv_scale, ("exp_avg_sq",))
+            return
         # Second moment, and the direction U = G / sqrt(V) with its RMS.
         if p.dim() >= 2:
             r, c, rms_u = factored_second_moment_(
                 p.grad, state["exp_avg_sq_row"], state["exp_avg_sq_col"],
-                beta2t=beta2t, eps1=eps1, inv_scale=inv_scale, workspace=self._workspace,
+                beta2t=beta2t, eps1=eps1, inv_scale=inv_scale, workspace=self._workspace, use_c=use_c,
             )
         else:
             u, rms_u = full_second_moment_(p.grad, state["exp_avg_sq"], beta2t=beta2t, eps1=eps1, inv_scale=inv_scale)
         # Step size: relative (rho_t) or the group's lr, times the parameter scale.
-        if group["relative_step"]:  # the core's layer-wise lr_scale applies to rho_t
-            rho = relative_step_size(t, group["warmup_init"]) * float(group.get("lr_scale", 1.0))
+        rho = float(self._rho(group, t))
+        if group["scale_parameter"]:
+            rms_x = _rms(p)
+            state["RMS"].fill_(rms_x)
+            step_size = max(eps2, rms_x) * rho
         else:
-            rho = float(group["lr"])
-        step_size = max(eps2, _rms(p)) * rho if group["scale_parameter"] else rho
-        state["step_size"] = step_size
+            step_size = rho
         # Update clipping: U / max(1, RMS(U) / d); 1/scale is folded in here too.
         lr = step_size / max(1.0, rms_u / group["clip_threshold"]) * inv_scale
         decay = group["weight_decay"] * step_size
         if p.dim() >= 2:
-            apply_factored_(p, p.grad, r, c, exp_avg, lr=lr, beta1=beta1, decay=decay, workspace=self._workspace)
+            apply_factored_(p, p.grad, r, c, exp_avg, lr=lr, beta1=beta1, decay=decay, workspace=self._workspace, use_c=use_c)
         else:
             apply_full_(p, u, exp_avg, lr=lr, beta1=beta1, decay=decay)
+
+    def _update_c(
+        self, kernel: Callable[..., tuple[float, float]], group: dict[str, Any], p: Tensor, state: dict[str, Any],
+        beta2t: float, t: int, inv_scale: float, stats: tuple[str, ...],
+    ) -> None:
+        """The same step of an fp32 CPU matrix or vector as one C call (two
+        passes over memory, no torch op in between)."""
+        rms_x, _ = kernel(
+            p, p.grad, state.get("exp_avg") if group["beta1"] is not None else None,
+            *(state[k] for k in stats), beta2t=beta2t, inv_scale=inv_scale,
+            eps1=group["eps"][0], eps2=group["eps"][1], rho=float(self._rho(group, t)),
+            clip_threshold=group["clip_threshold"], beta1=group["beta1"] or 0.0,
+            weight_decay=group["weight_decay"], scale_parameter=group["scale_parameter"],
+        )
+        if group["scale_parameter"]:
+            state["RMS"].fill_(rms_x)
+
+    def _update_traceable(self, group: dict[str, Any], p: Tensor, inv_scale: float, *, compiled: bool) -> None:
+        """The same step as whole-tensor torch ops with no host reads: traced
+        as it stands under torch.compile(opt.step), or run through the update
+        compiled once per (device, dtype, dims) with implementation='compiled'.
+
+        Traced, ``step`` becomes a 0-dim tensor (as torch's own optimizers keep
+        it): a Python int would be baked into the graph and recompile it every
+        step. Hugging Face's Adafactor steps from a tensor ``step`` as well."""
+        state = self.state[p]
+        rms = state["RMS"]
+        if compiled:  # step-dependent numbers on the host, handed over as data
+            state["step"] = t = int(state["step"]) + 1
+            scalars = pack_scalars(group, 1.0 - math.pow(t, group["decay_rate"]), self._rho(group, t), inv_scale, rms)
+            fn = self._compiled.get(p.device, p.dtype, p.dim())
+        else:
+            step = state["step"]
+            if not isinstance(step, Tensor):
+                step = state["step"] = torch.tensor(float(step), dtype=torch.float32, device=p.device)
+            step.add_(1)
+            t = step.to(rms.dtype)
+            beta2t = 1.0 - t.pow(group["decay_rate"])
+            if group["relative_step"]:
+                rho = torch.minimum(t * 1e-6 if group["warmup_init"] else torch.full_like(t, 1e-2), t.rsqrt())
+                rho = rho * float(group.get("lr_scale", 1.0))
+            else:
+                rho = group["lr"]
+            scalars = pack_scalars(group, beta2t, rho, inv_scale, rms)
+            fn = factored_update_ if p.dim() >= 2 else full_update_
+        stats = (state["exp_avg_sq_row"], state["exp_avg_sq_col"]) if p.dim() >= 2 else (state["exp_avg_sq"],)
+        exp_avg = state["exp_avg"] if group["beta1"] is not None else None
+        fn(p, p.grad, *stats, exp_avg, rms, scalars, decay=group["weight_decay"] != 0, scale_parameter=group["scale_parameter"])
 
     # --------------------------------------------------------------- checkpoint
     def load_state_dict(  # type: ignore[override]
@@ -284,6 +427,9 @@ class Adafactor(Optimizer):
                 merged = {**self.defaults, **saved, **optimizer_overrides}
                 validate_hparams(self.config_schema, {k: merged[k] for k in self.config_schema.model_fields}, "Adafactor")
         super().load_state_dict(state_dict, optimizer_overrides)
+        for group in self.param_groups:  # a checkpoint of Hugging Face's lacks our switches
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         for pid, p in zip(saved_ids, params):

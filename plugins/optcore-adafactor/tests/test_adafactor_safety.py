@@ -1,0 +1,147 @@
+"""Memory safety: the C kernel checks everything it touches, and state of
+another shape is a clear error naming the parameter, never a crash."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from optcore_adafactor import Adafactor, _cpu_kernel
+
+
+@pytest.fixture(autouse=True)
+def needs_kernel() -> None:
+    if _cpu_kernel.load() is None:
+        pytest.skip(f"C kernel unavailable: {_cpu_kernel.unavailable_reason}")
+
+
+def _stats(grad: torch.Tensor, row: torch.Tensor) -> None:
+    _cpu_kernel.stats_(grad, row, beta=0.5, a=0.1, b=1e-30)
+
+
+@pytest.mark.parametrize(
+    ("row", "match"),
+    [
+        (torch.zeros(5), r"exp_avg_sq_row has shape \(5,\), expected \(64,\)"),  # would write past its end
+        (torch.zeros(64, dtype=torch.float64), "float32"),
+        (torch.zeros(128)[::2], "contiguous"),
+        (torch.zeros(64, device="meta"), "CPU"),
+    ],
+)
+def test_stats_kernel_refuses_a_row_statistic_it_was_not_made_for(row: torch.Tensor, match: str) -> None:
+    grad = torch.randn(64, 32)
+    with pytest.raises(ValueError, match=match):
+        _stats(grad, row)
+
+
+def test_stats_kernel_refuses_fake_tensors() -> None:
+    """A tensor without memory (as torch.compile traces with) never reaches C."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        grad, row = torch.randn(64, 32), torch.zeros(64)
+    with pytest.raises(ValueError, match="plain float32 CPU tensor"):
+        _stats(grad, row)
+
+
+@pytest.mark.parametrize(
+    ("which", "bad", "match"),
+    [
+        ("grad", torch.randn(8, 32), r"grad has shape \(8, 32\), expected \(64, 32\)"),
+        ("exp_avg", torch.zeros(64, 31), r"exp_avg has shape \(64, 31\)"),
+        ("exp_avg", torch.zeros(32, 64).t(), "contiguous"),
+        ("r", torch.ones(63), r"row factor has shape \(63,\)"),
+        ("c", torch.ones(33), r"column factor has shape \(33,\)"),
+        ("grad", torch.randn(64, 32, dtype=torch.bfloat16), "float32"),
+    ],
+)
+def test_apply_kernel_refuses_every_mismatched_tensor(which: str, bad: torch.Tensor, match: str) -> None:
+    args = {"param": torch.randn(64, 32), "grad": torch.randn(64, 32), "exp_avg": torch.zeros(64, 32),
+            "r": torch.ones(64), "c": torch.ones(32)}
+    args[which] = bad
+    before = args["param"].clone()
+    with pytest.raises(ValueError, match=match):
+        _cpu_kernel.apply_(args["param"], args["grad"], args["exp_avg"], args["r"], args["c"], decay=0.0, beta1=0.9)
+    assert torch.equal(before, args["param"])
+
+
+def test_kernel_is_not_eligible_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not _cpu_kernel.eligible(torch.zeros(3, 4))
+    with pytest.raises(RuntimeError, match="torch.compile"):
+        _stats(torch.zeros(3, 4), torch.zeros(3))
+
+
+class _Net(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.body = nn.Linear(16, width)
+        self.head = nn.Linear(width, 4)
+
+
+@pytest.mark.parametrize("beta1", [None, 0.9])
+def test_state_from_a_differently_shaped_model_is_a_clear_error(beta1: float | None) -> None:
+    """A checkpoint of a model with other widths loads (torch checks only the
+    counts), then the step names the parameter and changes nothing."""
+    saved_model, model = _Net(32), _Net(48)
+    saved = Adafactor(list(saved_model.named_parameters()), beta1=beta1)
+    for p in saved_model.parameters():
+        p.grad = torch.randn_like(p)
+    saved.step()
+    opt = Adafactor(list(model.named_parameters()), beta1=beta1)
+    opt.load_state_dict(saved.state_dict())
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match=r"of parameter 'body.weight' has shape .*belongs to another model"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_state_of_another_shape_is_refused_on_every_implementation() -> None:
+    for implementation in ("c", "torch", "compiled"):
+        w = torch.randn(40, 24, requires_grad=True)
+        opt = Adafactor([w], implementation=implementation)
+        opt.state[w].update(step=3, exp_avg_sq_row=torch.zeros(4), exp_avg_sq_col=torch.zeros(24), RMS=torch.tensor(1.0))
+        w.grad = torch.randn(40, 24)
+        with pytest.raises(RuntimeError, match=r"'exp_avg_sq_row' of parameter #0 .* has shape \(4,\), expected \(40,\)"):
+            opt.step()
+
+
+@pytest.mark.parametrize(
+    ("which", "bad", "match"),
+    [
+        ("row", torch.zeros(5), r"exp_avg_sq_row has shape \(5,\), expected \(64,\)"),
+        ("col", torch.zeros(64), r"exp_avg_sq_col has shape \(64,\), expected \(32,\)"),
+        ("exp_avg", torch.zeros(32, 64), r"exp_avg has shape \(32, 64\)"),
+        ("grad", torch.randn(64, 64)[:, :32], "contiguous"),
+    ],
+)
+def test_whole_step_kernel_refuses_every_mismatched_tensor(which: str, bad: torch.Tensor, match: str) -> None:
+    args = {"param": torch.randn(64, 32), "grad": torch.randn(64, 32), "exp_avg": torch.zeros(64, 32),
+            "row": torch.zeros(64), "col": torch.zeros(32)}
+    args[which] = bad
+    before = args["param"].clone()
+    with pytest.raises(ValueError, match=match):
+        _cpu_kernel.step_(args["param"], args["grad"], args["exp_avg"], args["row"], args["col"], beta2t=0.5,
+                          inv_scale=1.0, eps1=1e-30, eps2=1e-3, rho=1e-2, clip_threshold=1.0, beta1=0.9,
+                          weight_decay=0.0, scale_parameter=True)
+    assert torch.equal(before, args["param"])
+
+
+@pytest.mark.parametrize(
+    ("which", "bad", "match"),
+    [("exp_avg_sq", torch.zeros(5), r"exp_avg_sq has shape \(5,\), expected \(64,\)"),
+     ("exp_avg", torch.zeros(65), r"exp_avg has shape \(65,\)"),
+     ("grad", torch.zeros(64, dtype=torch.float64), "float32")],
+)
+def test_vector_step_kernel_refuses_every_mismatched_tensor(which: str, bad: torch.Tensor, match: str) -> None:
+    args = {"param": torch.randn(64), "grad": torch.randn(64), "exp_avg": torch.zeros(64), "exp_avg_sq": torch.zeros(64)}
+    args[which] = bad
+    before = args["param"].clone()
+    with pytest.raises(ValueError, match=match):
+        _cpu_kernel.vector_step_(args["param"], args["grad"], args["exp_avg"], args["exp_avg_sq"], beta2t=0.5,
+                                 inv_scale=1.0, eps1=1e-30, eps2=1e-3, rho=1e-2, clip_threshold=1.0, beta1=0.9,
+                                 weight_decay=0.0, scale_parameter=True)
+    assert torch.equal(before, args["param"])
