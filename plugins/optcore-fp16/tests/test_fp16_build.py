@@ -170,3 +170,18 @@ def test_conformance(name: str, check: str, request: pytest.FixtureRequest) -> N
         warnings.filterwarnings("ignore", message=".*no trainable parameter is")
         warnings.filterwarnings("ignore", message=".*not produced by optimizer.backward")
         run_check(check, config)
+
+
+@needs_install
+def test_memory_efficient_with_an_unfit_optimizer_is_refused_at_plan_time_naming_the_fit_ones() -> None:
+    """`optcore check` (a plan, no parameters) already refuses it, and the message lists
+    the installed optimizers whose capability flag fits, read from the registry."""
+    with pytest.raises(ConfigError) as err:
+        optcore.plan({"type": "SGD", "precision": "bf16", "memory_efficient": True})
+    fitting = [
+        s.qualified
+        for s in optcore.list_optimizers(all=True)
+        if s.source == "plugin" and not s.is_wrapper and s.capabilities.memory_efficient_fp16
+    ]
+    assert fitting, "no installed plugin declares supports_memory_efficient_fp16"
+    assert all(repr(q) in str(err.value) for q in fitting)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+import optcore
 from optcore import ConfigError, validate_hparams
 
 from ._wrapper import PrecisionWrapper, non_finite
@@ -40,6 +41,13 @@ class MemoryEfficientFP16Optimizer(PrecisionWrapper):
 
     config_schema: ClassVar[type[MemoryEfficientFP16OptimizerConfig]] = MemoryEfficientFP16OptimizerConfig
 
+    @classmethod
+    def check_inner(cls, inner: Any, hparams: Mapping[str, Any]) -> None:
+        """Refuse, at plan time, an inner optimizer without ``supports_memory_efficient_fp16``
+        (``optcore.plan`` and so ``optcore check`` call this before anything is built)."""
+        if not hparams.get("allow_unsupported") and not inner.capabilities.memory_efficient_fp16:
+            raise _unsupported(inner.qualified)
+
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -58,17 +66,7 @@ class MemoryEfficientFP16Optimizer(PrecisionWrapper):
             "MemoryEfficientFP16Optimizer",
         )
         if not getattr(optimizer, "supports_memory_efficient_fp16", False) and not opts["allow_unsupported"]:
-            name = type(optimizer).__name__
-            raise ConfigError(
-                f"MemoryEfficientFP16Optimizer: {name} does not support memory-efficient fp16 "
-                "(supports_memory_efficient_fp16=False): it would step half-precision parameters with "
-                "half-precision arithmetic and state. Use FP16Optimizer (an fp32 master copy; shorthand: "
-                "memory_efficient=false), or an optimizer with the flag such as Lion or Adafactor from "
-                "optcore-lion / optcore-adafactor (name them 'optcore-lion:Lion', 'optcore-adafactor:Adafactor': "
-                "other packages' classes of the same name come first); allow_unsupported=True accepts it anyway.",
-                problems=[("optimizer", f"{name} lacks supports_memory_efficient_fp16")],
-                target="MemoryEfficientFP16Optimizer",
-            )
+            raise _unsupported(type(optimizer).__name__)
         super().__init__(optimizer, given_scaler or opts["loss_scaler"], opts["precision"])
 
     @property  # type: ignore[override]
@@ -108,3 +106,30 @@ class MemoryEfficientFP16Optimizer(PrecisionWrapper):
                 loaded = state.get(key)
                 if isinstance(value, Tensor) and isinstance(loaded, Tensor) and loaded.dtype != value.dtype:
                     state[key] = value.to(device=loaded.device)
+
+
+def _unsupported(name: str) -> ConfigError:
+    fitting = ", ".join(repr(q) for q in _with_the_flag()) or "none is installed"
+    return ConfigError(
+        f"MemoryEfficientFP16Optimizer: {name} does not support memory-efficient fp16 "
+        "(supports_memory_efficient_fp16=False): it would step half-precision parameters with "
+        "half-precision arithmetic and state. Use FP16Optimizer (an fp32 master copy; shorthand: "
+        f"memory_efficient=false), or an optimizer whose flag is set ({fitting}); "
+        "allow_unsupported=True accepts it anyway.",
+        problems=[("optimizer", f"{name} lacks supports_memory_efficient_fp16")],
+        target="MemoryEfficientFP16Optimizer",
+    )
+
+
+def _with_the_flag() -> list[str]:
+    """The installed optimizers whose capability flags fit, from the registry. Third-party
+    packages are not imported for this (their classes do not declare the flag)."""
+    found = []
+    for spec in optcore.list_optimizers(all=True):
+        if spec.source in ("plugin", "user") and not spec.is_wrapper:
+            try:
+                if spec.capabilities.memory_efficient_fp16:
+                    found.append(spec.qualified)
+            except optcore.OptcoreError:
+                continue
+    return sorted(found)
