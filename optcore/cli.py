@@ -163,7 +163,7 @@ def check_config(data: Any) -> list[str]:
     if isinstance(plain, dict) and ("lr_scheduler" in plain or "scheduler" in plain):
         configs = [("optimizer", plain.get("optimizer")), ("lr_scheduler", plain.get("lr_scheduler", plain.get("scheduler")))]
     elif isinstance(plain, list) or (isinstance(plain, dict) and "configs" in plain):
-        from ._compare import entries_from_file  # an `optcore compare` file: a list of runs
+        from .compare.lineup import entries_from_file  # an `optcore compare` file: a list of runs
 
         configs = []
         entries, options = entries_from_file(plain)
@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_schema)
 
     try:
-        from . import _compare  # the main job; optional module
+        from .compare import commands as _compare  # the main job; optional module
     except ImportError:
         pass
     else:
