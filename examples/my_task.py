@@ -56,3 +56,9 @@ class RegressionTask:
 
 
 task = RegressionTask  # --task examples/my_task.py:task (a class is instantiated with no arguments)
+
+
+def make_model() -> nn.Module:
+    """The same model for ``optcore memory --model examples/my_task.py:make_model``
+    (built on the meta device there: nothing is allocated)."""
+    return RegressionTask().model()

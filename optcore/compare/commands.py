@@ -219,7 +219,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    from .memory import run_memory_command
+    from .memory_report import run_memory_command
 
     return run_memory_command(args)
 

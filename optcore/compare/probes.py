@@ -23,47 +23,52 @@ def _storage_id(t: Tensor) -> int:
 
 
 def optimizer_state_bytes(optimizer: Any, params: Iterable[Tensor]) -> dict[str, Any]:
-    """Bytes the optimizer holds besides the model: every tensor in its
-    ``state`` (each storage once; a state entry that *is* a parameter is not
-    counted), plus, for a precision wrapper, the master copies it steps (the
-    inner optimizer's parameters that are not the model's) and their gradients.
-    ``state_bytes`` is the total, ``master_bytes`` the copies' share."""
+    """Bytes the optimizer holds besides the model and its gradients: every
+    tensor reachable from the optimizer (its ``state``, and attributes such as
+    AdaScale's gradient statistics), through wrappers to the innermost
+    optimizer, each storage once. A precision wrapper's master copies (the
+    inner optimizer's parameters that are not the model's) and their gradients
+    are part of it, and also reported alone as ``master_bytes``."""
     params = list(params)
-    model = {_storage_id(p) for p in params}
-    seen: set[int] = set()
-
-    def count(tensors: Iterator[Tensor]) -> int:
-        total = 0
-        for t in tensors:
-            key = _storage_id(t)
-            if key not in model and key not in seen:
-                seen.add(key)
-                total += t.untyped_storage().nbytes()
-        return total
-
-    optimizers, masters = [optimizer], None
+    model = {_storage_id(t) for p in params for t in (p, p.grad) if t is not None}
+    chain = [optimizer]
     inner = getattr(optimizer, "optimizer", None)
-    while isinstance(inner, torch.optim.Optimizer) and inner is not optimizers[-1]:
-        optimizers.append(inner)
+    while isinstance(inner, torch.optim.Optimizer) and all(inner is not o for o in chain):
+        chain.append(inner)
         inner = getattr(inner, "optimizer", None)
-    state = sum(count(_tensors(dict(o.state))) for o in optimizers)
-    if len(optimizers) > 1:
-        copies = [p for g in optimizers[-1].param_groups for p in g["params"] if _storage_id(p) not in model]
-        masters = count(t for p in copies for t in (p, p.grad) if t is not None)
+    masters = None
+    seen: set[int] = set(model)
+    if len(chain) > 1:
+        copies = [p for g in chain[-1].param_groups for p in g["params"] if _storage_id(p) not in model]
+        masters = _count((t for p in copies for t in (p, p.grad) if t is not None), seen)
+    state = sum(_count(_tensors(vars(o)), seen) for o in chain)
     n = sum(p.numel() for p in params)
     total = state + (masters or 0)
     return {"state_bytes": total, "master_bytes": masters, "state_bytes_per_param": total / n if n else None}
 
 
-def _tensors(obj: Any) -> Iterator[Tensor]:
+def _count(tensors: Iterator[Tensor], seen: set[int]) -> int:
+    """Bytes of the storages of ``tensors`` not in ``seen`` (added to it)."""
+    total = 0
+    for t in tensors:
+        key = _storage_id(t)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def _tensors(obj: Any, depth: int = 0) -> Iterator[Tensor]:
+    """Tensors in ``obj`` and its mappings, lists and tuples (not in other objects:
+    a module or a hook a wrapper holds is not optimizer state)."""
     if isinstance(obj, Tensor):
         yield obj
-    elif isinstance(obj, Mapping):
+    elif depth < 8 and isinstance(obj, Mapping):
         for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple)):
+            yield from _tensors(value, depth + 1)
+    elif depth < 8 and isinstance(obj, (list, tuple)):
         for value in obj:
-            yield from _tensors(value)
+            yield from _tensors(value, depth + 1)
 
 
 # ----------------------------------------------------------- process memory

@@ -25,6 +25,7 @@ from optcore import OptcoreError, resolve
 
 from .._config import optimizer_config
 from .lineup import base_lr, built_name
+from .precision import param_dtype
 from .probes import memory_finish, memory_start, optimizer_state_bytes
 from .tasks import DEFAULT_TASK, load_task, to_device
 
@@ -38,25 +39,6 @@ class RunSettings:
     device: str = "cpu"
     task: str = DEFAULT_TASK  # a --task spec (optcore.compare.tasks)
     evals: int = 10  # held-out evaluations besides the one before training
-
-
-_HALF = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-
-
-def param_dtype(optimizer_cfg: Any) -> torch.dtype | None:
-    """The half dtype the model must be converted to before building
-    ``optimizer_cfg`` (precision wrappers step half-precision parameters), or None.
-    The one place that reads the precision keys of a config."""
-    try:
-        cfg = optimizer_config(optimizer_cfg)
-        precision = cfg.get("precision")
-        if precision is None:
-            spec = resolve(cfg["type"])
-            if spec.is_wrapper and "precision" in spec.schema.model_fields:
-                precision = spec.schema.model_fields["precision"].default
-    except Exception:  # noqa: BLE001 - the build reports a bad config with its own message
-        return None
-    return _HALF.get(str(precision).lower())
 
 
 def empty_result(entry: Mapping[str, Any]) -> dict[str, Any]:
