@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import optcore
-from optcore.compare.memory import predict, step_on
+from optcore.compare.memory import predict
 from optcore.compare.precision import param_dtype
 from optcore.compare.probes import optimizer_state_bytes
 from optcore.testing import inputs_for
@@ -42,8 +42,11 @@ def _measured(config: dict, factory) -> int:
     if dtype is not None:
         model.to(dtype)
     optimizer = optcore.build_optimizer(config, model)
-    step_on(model, optimizer, config.get("num_gradients_to_accumulate", 1))
     params = [p for p in model.parameters() if p.requires_grad]
+    for _ in range(config.get("num_gradients_to_accumulate", 1)):  # real data: random gradients
+        loss = sum((p.float() * torch.randn(p.shape)).sum() for p in params)
+        optimizer.backward(loss)
+    optimizer.step()
     return optimizer_state_bytes(optimizer, params)["state_bytes"]
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 import optcore
 from optcore import ConfigError, resolve
@@ -133,13 +133,19 @@ def _unpredictable(optimizer_cfg: Any) -> str | None:
 
 def step_on(model: nn.Module, optimizer: Any, accumulations: int = 1, mode: Any = None) -> None:
     """Initialise ``optimizer``'s state as training does: ``accumulations`` backward
-    passes (gradient hooks fire, the fp16 wrappers scale the loss) and one step
-    (under ``mode``, e.g. :class:`MetaScalars`)."""
+    passes and one step (under ``mode``, e.g. :class:`MetaScalars`). The backward
+    runs when something watches it (a precision wrapper's own ``backward`` scales
+    the loss there; AdaScale's gradient hooks measure it); otherwise the gradients
+    are set directly, which on the meta device costs nothing."""
     params = [p for p in model.parameters() if p.requires_grad]
-    backward = getattr(optimizer, "backward", None)
-    for _ in range(accumulations):
-        loss = sum((p.float() * 1.0).sum() for p in params)
-        backward(loss) if callable(backward) else loss.backward()  # type: ignore[union-attr]
+    own_backward = type(optimizer).backward is not optcore.ContractMixin.backward if hasattr(optimizer, "backward") else False
+    if own_backward or accumulations > 1 or any(p._backward_hooks for p in params):
+        backward = optimizer.backward if own_backward else Tensor.backward
+        for _ in range(accumulations):
+            backward(sum((p.float() * 1.0).sum() for p in params))
+    else:
+        for p in params:
+            p.grad = torch.ones_like(p)
     with mode if mode is not None else contextlib.nullcontext():
         optimizer.step()
 
