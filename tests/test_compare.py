@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import optcore
-from optcore import _compare
 from optcore._config import load_config_file
-from optcore._tasks import RunSettings
 from optcore.cli import main
+from optcore.compare import lineup
+from optcore.compare.runner import run_one
+from optcore.compare.train import RunSettings
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RESULT_KEYS = {
@@ -29,12 +30,16 @@ RESULT_KEYS = {
 
 def _run(config: dict, steps: int = 4, seed: int = 0, **entry) -> dict:
     """In this process, on one thread (as compare does: 2 threads on a busy 2-core machine crawl)."""
-    return _compare.run_one({"name": "x", "optimizer": config, **entry}, RunSettings(steps=steps, seed=seed), False)
+    return run_one({"name": "x", "optimizer": config, **entry}, RunSettings(steps=steps, seed=seed), False)
 
 
 def _installed(name: str) -> bool:
+    import warnings
+
     try:
-        optcore.resolve(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optcore.resolve(name)
     except optcore.OptcoreError:
         return False
     return True
@@ -49,8 +54,9 @@ def test_compare_cli_writes_table_json_and_png(tmp_path, capsys):
     assert "AdamW" in printed and "torch:SGD" in printed and "results.json" in printed
 
     doc = json.loads((out / "results.json").read_text())
-    assert doc["settings"] == {"steps": 6, "seed": 3, "device": "cpu", "threads": 1, "isolation": "in-process"}
-    assert doc["task"]["d_model"] == 64 and doc["task"]["n_layers"] == 2
+    assert doc["settings"]["steps"] == 6 and doc["settings"]["seeds"] == [3] and doc["settings"]["device"] == "cpu"
+    assert doc["settings"]["isolation"] == "in-process" and doc["complete"] and not doc["interrupted"]
+    assert doc["task"]["name"] == "char-lm" and "2 layers, d=64" in doc["task"]["description"]
     assert [r["name"] for r in doc["results"]] == ["AdamW", "torch:SGD"]
     for r in doc["results"]:
         assert RESULT_KEYS <= set(r)
@@ -60,6 +66,8 @@ def test_compare_cli_writes_table_json_and_png(tmp_path, capsys):
         assert r["steps_per_s"] > 0 and r["peak_rss"] > 0 and r["skipped_steps"] is None
     adamw, sgd = doc["results"]
     assert adamw["config"]["optimizer"] == {"type": "AdamW", "lr": 1e-2, "weight_decay": 0.01}  # the line-up's
+    assert adamw["built"] == "torch:AdamW" and sgd["built"] == "torch:SGD"
+    assert [r["rank"] for r in doc["rows"]] in (["1", "2"], ["1=", "1="]) and len(doc["rows"]) == 2
     assert adamw["state_bytes_per_param"] == pytest.approx(8.0, abs=0.01)  # exp_avg + exp_avg_sq, fp32
     assert sgd["state_bytes_per_param"] == pytest.approx(4.0, abs=0.01)  # the momentum buffer
     assert (out / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -76,8 +84,8 @@ def test_a_fresh_process_gives_the_same_losses():
     entry = {"name": "AdamW", "optimizer": {"type": "AdamW", "lr": 1e-2}}
     settings = RunSettings(steps=3)
     steps_seen = []
-    isolated = _compare.run_one(entry, settings, isolate=True, report=lambda step, loss: steps_seen.append(step))
-    here = _compare.run_one(entry, settings, isolate=False)
+    isolated = run_one(entry, settings, isolate=True, report=lambda step, loss: steps_seen.append(step))
+    here = run_one(entry, settings, isolate=False)
     assert isolated["status"] == "ok" and isolated["losses"] == here["losses"]
     assert steps_seen == [1, 2, 3]
 
@@ -141,18 +149,38 @@ def test_closure_optimizers_and_schedulers_train():
     assert result["status"] == "ok"
 
 
-def test_names_pick_the_line_up_and_keep_unknown_ones():
-    entries = {e["name"]: e["optimizer"] for e in _compare.entries_from_names("adamw, torch:SGD ,NoSuch")}
-    assert entries["AdamW"] == {"type": "AdamW", "lr": 1e-2, "weight_decay": 0.01}  # labelled as in the line-up
+def test_names_get_the_line_up_hparams_and_unknown_ones_are_kept():
+    entries = {e["name"]: e["optimizer"] for e in lineup.entries_from_names("adamw, torch:SGD ,NoSuch")}
+    assert entries["adamw"] == {"type": "adamw", "lr": 1e-2, "weight_decay": 0.01}
     assert entries["torch:SGD"] == {"type": "torch:SGD", "lr": 0.3, "momentum": 0.9, "nesterov": True}
     assert entries["NoSuch"] == {"type": "NoSuch"}
-    if _installed("optcore-lion:Lion"):  # a plain line-up name takes the line-up's implementation
-        (lion,) = _compare.entries_from_names("Lion")
-        assert lion["optimizer"]["type"] == "optcore-lion:Lion"
+
+
+@pytest.mark.parametrize("name", ["Lion", "Adafactor", "adamw"])
+def test_a_plain_name_builds_what_resolve_and_build_optimizer_give(name):
+    """One rule for a plain name everywhere: compare builds what optcore.resolve says
+    (lion-pytorch for "Lion" where it shadows optcore-lion), and the table shows it."""
+    if not _installed(name):
+        pytest.skip(f"{name} is not installed")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = optcore.resolve(name)
+        direct = optcore.build_optimizer({"type": name}, [torch.nn.Parameter(torch.zeros(2))])
+    (entry,) = lineup.entries_from_names(name)
+    assert lineup.built_name(entry["optimizer"]) == spec.qualified
+    result = _run(entry["optimizer"], steps=1)
+    assert result["built"] == spec.qualified and result["optimizer_class"] == type(direct).__name__
+
+
+def test_the_line_up_names_qualified_implementations():
+    for entry in lineup.default_entries():
+        assert ":" in entry["optimizer"]["type"], entry
 
 
 def test_default_line_up_is_installed_and_unique():
-    entries = _compare.default_entries()
+    entries = lineup.default_entries()
     names = [e["name"] for e in entries]
     assert {"AdamW", "Adam", "SGD", "RMSprop", "Adagrad"} <= set(names) and len(set(names)) == len(names)
     for entry in entries:
@@ -160,18 +188,18 @@ def test_default_line_up_is_installed_and_unique():
 
 
 def test_compare_file_forms_and_errors():
-    entries, options = _compare.entries_from_file([{"type": "AdamW"}, "Lion", {"optimizer": {"type": "SGD"}}])
+    entries, options = lineup.entries_from_file([{"type": "AdamW"}, "Lion", {"optimizer": {"type": "SGD"}}])
     assert [e["name"] for e in entries] == ["AdamW", "Lion", "SGD"] and options == {}
     with pytest.raises(optcore.ConfigError, match="non-empty list"):
-        _compare.entries_from_file({"type": "AdamW"})
+        lineup.entries_from_file({"type": "AdamW"})
     with pytest.raises(optcore.ConfigError, match="num_training_steps"):
-        _compare.entries_from_file([{"type": "AdamW", "num_training_steps": 3}])
+        lineup.entries_from_file([{"type": "AdamW", "num_training_steps": 3}])
     with pytest.raises(optcore.ConfigError, match="unknown keys"):
-        _compare.entries_from_file([{"optimizer": {"type": "AdamW"}, "lr": 3}])
+        lineup.entries_from_file([{"optimizer": {"type": "AdamW"}, "lr": 3}])
 
 
 def test_examples_parse():
-    entries, options = _compare.entries_from_file(load_config_file(EXAMPLES / "compare.yaml"))
+    entries, options = lineup.entries_from_file(load_config_file(EXAMPLES / "compare.yaml"))
     assert options == {"num_training_steps": 300, "seed": 0} and len(entries) >= 4
     assert all(e["name"] and e["optimizer"]["type"] for e in entries)
     from optcore.cli import check_config
@@ -186,7 +214,7 @@ def test_train_command(tmp_path, capsys):
     )
     assert main(["train", "--config", str(run), "--steps", "4", "--sample", "12"]) == 0
     printed = capsys.readouterr().out
-    assert "step     4/4" in printed and "final held-out loss" in printed and "sample:\nShall I " in printed
+    assert "step     4/4  train loss" in printed and "final held-out loss" in printed and "sample:\nShall I " in printed
     bad = tmp_path / "bad.yaml"
     bad.write_text("optimizer: {type: AdamW, lr: -1}\n")
     assert main(["train", "--config", str(bad), "--steps", "2"]) == 1
@@ -194,6 +222,9 @@ def test_train_command(tmp_path, capsys):
 
 
 def test_importing_the_commands_is_cheap():
-    code = "import sys, optcore._compare; print(sorted({'torch', 'rich', 'matplotlib'} & set(sys.modules)))"
+    code = (
+        "import sys, optcore.cli; optcore.cli.build_parser(); "
+        "print(sorted({'torch', 'rich', 'matplotlib', 'transformers'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

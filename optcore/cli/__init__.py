@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_applications(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from .. import _compare  # the main job: compare, train
+    from ..compare import commands  # the main job: compare, train, memory (imports only argparse)
 
-    _compare.add_commands(sub)
+    commands.add_commands(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

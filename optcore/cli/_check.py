@@ -28,7 +28,7 @@ def check_config(data: Any, *, allow_import_paths: bool | None = None) -> list[s
     if isinstance(plain, dict) and ("lr_scheduler" in plain or "scheduler" in plain):
         configs = [("optimizer", plain.get("optimizer")), ("lr_scheduler", plain.get("lr_scheduler", plain.get("scheduler")))]
     elif isinstance(plain, list) or (isinstance(plain, dict) and "configs" in plain):
-        from .._compare import entries_from_file  # an `optcore compare` file: a list of runs
+        from ..compare.lineup import entries_from_file  # an `optcore compare` file: a list of runs
 
         try:
             entries, options = entries_from_file(plain)

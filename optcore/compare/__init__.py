@@ -1,0 +1,17 @@
+"""``optcore compare``, ``optcore train`` and ``optcore memory``: which optimizer, for your model.
+
+One module per role:
+
+- :mod:`.lineup`: the default line-up, and entries from names or a compare file
+- :mod:`.tasks`: the task protocol and the built-in tasks (``char-lm``, ``hf-llama``, ``vision``)
+- :mod:`.train`: one training run of one config on one task (the measurements)
+- :mod:`.probes`: optimizer-state bytes and peak-memory probes
+- :mod:`.runner`: a run in a fresh process (spawn isolation)
+- :mod:`.sweep`: seeds x learning rates, the time budget, and the per-config summary
+- :mod:`.report`: the rich table, the PNG plots and ``results.json``
+- :mod:`.memory`: the ``optcore memory`` prediction (optimizer built on the meta device)
+- :mod:`.commands`: the argparse subcommands
+
+Importing this package, :mod:`.lineup` or :mod:`.commands` is cheap (no torch,
+rich or matplotlib): the CLI imports them to add its subcommands.
+"""

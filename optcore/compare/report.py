@@ -1,0 +1,192 @@
+"""What a comparison shows: the rich table, the PNG plots and ``results.json``.
+
+``results.json`` is rewritten (atomically) after every finished run, so an
+interrupted comparison keeps what finished. The table's loss columns are
+held-out losses; the progress bar shows the training loss and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from optcore import __version__
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def describe(config: Mapping[str, Any], built: str | None = None) -> str:
+    """``optcore-lion:Lion lr=0.003 weight_decay=0.1 + cosine``: what was built."""
+    opt = config.get("optimizer")
+    if not isinstance(opt, Mapping):
+        return str(built or opt)
+    text = " ".join([str(built or opt.get("type"))] + [f"{k}={v}" for k, v in opt.items() if k != "type"])
+    sched = config.get("lr_scheduler")
+    if sched is not None:
+        text += f" + {sched.get('type') if isinstance(sched, Mapping) else sched}"
+    return text
+
+
+def _final(row: Mapping[str, Any]) -> str:
+    if row["final"] is None:
+        return "-"
+    spread = f" ± {row['final_sd']:.3f}" if row.get("final_sd") is not None else ""
+    return f"{row['final']:.3f}{spread}"
+
+
+def render_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    seeds = meta["seeds"]
+    table = Table(
+        title=f"optcore compare: {meta['summary']}",
+        caption=(
+            f"held-out final: held-out loss at the end{' (mean ± sd over seeds ' + ','.join(map(str, seeds)) + ')' if len(seeds) > 1 else ''}; "
+            "rank: '=' marks a tie (mean ± sd overlap); lr: the chosen lr (* = best of a sweep); best: lowest "
+            "held-out loss at any evaluation; steps/s: training steps only; state: optimizer state (+ fp32 master "
+            f"copies for precision wrappers); peak RSS: {meta['memory_note']}"
+        ),
+    )
+    for col, justify in (
+        ("#", "right"), ("config (built)", "left"), ("lr", "right"), ("held-out final", "right"),
+        ("best (step)", "right"), ("steps/s", "right"), ("state", "right"), ("B/param", "right"),
+        ("peak RSS", "right"), ("Δ RSS", "right"), ("skipped", "right"), ("status", "left"),
+    ):  # fmt: skip
+        table.add_column(col, justify=justify, no_wrap=col != "config (built)", overflow="ellipsis")
+    detail = console.width >= 130  # the hyper-parameters fit on a second line
+    for r in rows:
+        status = "ok" if r["status"] == "ok" else f"[red]{r['status']}[/red]"
+        table.add_row(
+            r["rank"],
+            f"[bold]{r['name']}[/bold]" + (f"\n[dim]{describe(r['config'], r['built'])}[/dim]" if detail else ""),
+            ("-" if r["lr"] is None else f"{r['lr']:g}") + ("*" if r["swept"] else ""),
+            _final(r),
+            f"{fmt(r['best'], '.3f')} ({r['best_step']})" if r["best"] is not None else "-",
+            fmt(r["steps_per_s"], ".1f"),
+            human_bytes(r["state_bytes"]),
+            fmt(r["state_bytes_per_param"], ".1f"),
+            human_bytes(r["peak_rss"]),
+            human_bytes(r["peak_rss_delta"]),
+            "-" if r["skipped_steps"] is None else str(r["skipped_steps"]),
+            status,
+        )
+    console.print(table)
+
+
+def print_notes(rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]], console: Any) -> None:
+    """Warnings once per config, and every error with its config's name."""
+    shown: set[tuple[str, str]] = set()
+    for r in results:
+        for message in r.get("warnings") or ():
+            if (r["name"], message) not in shown:
+                shown.add((r["name"], message))
+                console.print(f"[yellow]{r['name']}[/yellow] {message}", highlight=False)
+    for row in rows:
+        if row["error"]:
+            console.print(f"[red]{row['name']}[/red] {row['status']}: {row['error']}", highlight=False)
+
+
+def write_results(path: Path, doc: Mapping[str, Any]) -> None:
+    """Write ``doc`` to ``path`` atomically: a reader (or a Ctrl-C) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"optcore_version": __version__, **doc}, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+# -------------------------------------------------------------------- plots
+def _smooth(values: Sequence[float | None], window: int = 20) -> list[float | None]:
+    out: list[float | None] = []
+    recent: list[float] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        recent = (recent + [v])[-window:]
+        out.append(sum(recent) / len(recent))
+    return out
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]], meta: Mapping[str, Any],
+                path: Path, loss_label: str = "loss") -> None:  # fmt: skip
+    """Training loss (smoothed) and held-out loss per config at its chosen lr
+    (its first seed), one colour each, zoomed on the last 90% of training."""
+    plt = _pyplot()
+    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(14, 5.2), dpi=110, layout="constrained")
+    shown = [(row, results[row["runs"][0]]) for row in rows if results[row["runs"][0]]["losses"]]
+    colors = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20").colors
+    late: list[float] = []
+    for i, (row, run) in enumerate(shown):
+        color = colors[i % len(colors)]
+        smooth = _smooth(run["losses"])
+        ax_train.plot(range(1, len(smooth) + 1), smooth, color=color, lw=1.4)
+        points = [(s, v) for s, v in run["val_losses"] if v is not None]
+        label = f"{row['name']}  {_final(row)}" + ("" if row["status"] == "ok" else f" ({row['status']})")
+        ax_val.plot([s for s, _ in points], [v for _, v in points], color=color, lw=1.4, marker="o", ms=3, label=label)
+        cut = max(1, len(smooth) // 10)
+        late += [v for v in smooth[cut:] if v is not None] + [v for s, v in points if s >= cut]
+    for ax, title in ((ax_train, "training loss (moving average of 20 steps)"), (ax_val, "held-out loss")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if late:
+            low, high = min(late), max(late)
+            ax.set_ylim(low - 0.05 * (high - low) - 0.01, high + 0.1 * (high - low) + 0.01)
+    ax_train.set_ylabel(loss_label)
+    if shown:
+        fig.legend(title="config, held-out final", loc="outside right upper", fontsize=9, title_fontsize=9)
+    fig.suptitle(f"optcore compare: {meta['summary']}", fontsize=11)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_sweep(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], path: Path, loss_label: str = "loss") -> None:
+    """Final held-out loss against the learning rate, one line per optimizer
+    (error bars: the spread over seeds), the chosen lr ringed."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5.2), dpi=110, layout="constrained")
+    colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20").colors
+    for i, row in enumerate(r for r in rows if r["swept"]):
+        points = [s for s in row["sweep"] if s["lr"] is not None and s["mean"] is not None]
+        if not points:
+            continue
+        color = colors[i % len(colors)]
+        ax.errorbar([s["lr"] for s in points], [s["mean"] for s in points], yerr=[s["sd"] or 0.0 for s in points],
+                    color=color, marker="o", ms=4, lw=1.4, capsize=3, label=row["name"])  # fmt: skip
+        if row["final"] is not None:
+            ax.plot([row["lr"]], [row["final"]], "o", ms=11, mfc="none", mec=color, mew=1.6)
+        for s in row["sweep"]:
+            if s["lr"] is not None and s["mean"] is None:
+                ax.annotate(s["status"], (s["lr"], max(p["mean"] for p in points)), color=color, fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel(f"final held-out {loss_label}")
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title(f"lr sweep (ringed: chosen): {meta['summary']}", fontsize=10)
+    ax.legend(fontsize=9, loc="best")
+    fig.savefig(path)
+    plt.close(fig)

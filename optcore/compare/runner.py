@@ -1,0 +1,92 @@
+"""Run one config, here or in a fresh process.
+
+A fresh process (multiprocessing "spawn") per run makes its peak memory its
+own and keeps one config from disturbing the next (allocator caches, threads,
+a crash); in-process runs start faster and reset the kernel's peak-RSS mark
+between configs instead.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue as queues
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .train import RunSettings, empty_result, run_config
+
+
+def run_one(
+    entry: dict[str, Any],
+    settings: RunSettings,
+    isolate: bool = True,
+    threads: int | None = 1,
+    report: Callable[[int, float], None] | None = None,
+) -> dict[str, Any]:
+    """Run one entry (in a fresh process with ``isolate``); ``report(step, loss)``
+    follows the training loss. Never raises for a bad config: the result says
+    ``failed``. KeyboardInterrupt propagates (the caller keeps what finished)."""
+    on_step = report or (lambda step, loss: None)
+    if isolate:
+        return _run_isolated(entry, settings, threads, on_step)
+    return _run_here(entry, settings, threads, lambda step, loss, lr: on_step(step, loss))
+
+
+def _run_here(entry: dict[str, Any], settings: RunSettings, threads: int | None, report: Callable[..., None]) -> dict[str, Any]:
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return run_config(entry, settings, report)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _worker(entry: dict[str, Any], settings: RunSettings, threads: int | None, channel: Any) -> None:
+    """Body of the per-run process: run, stream progress, send the result."""
+    every = max(1, settings.steps // 100)
+
+    def report(step: int, loss: float, *_: Any) -> None:
+        if step % every == 0 or step == settings.steps:
+            channel.put(("step", step, loss))
+
+    try:
+        result = _run_here(entry, settings, threads, report)
+    except BaseException as exc:  # noqa: BLE001 - anything reaches the parent as a failed config
+        result = empty_result(entry)
+        result["status"], result["error"] = "failed", f"{type(exc).__name__}: {exc}"
+    channel.put(("done", result))
+
+
+def _run_isolated(
+    entry: dict[str, Any], settings: RunSettings, threads: int | None, report: Callable[..., None]
+) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    channel = ctx.Queue()
+    process = ctx.Process(target=_worker, args=(entry, settings, threads, channel), daemon=True)
+    process.start()
+    result = None
+    try:
+        while result is None:
+            try:
+                message = channel.get(timeout=0.2)
+            except queues.Empty:
+                if not process.is_alive() and channel.empty():
+                    break
+                continue
+            if message[0] == "step":
+                report(message[1], message[2])
+            else:
+                result = message[1]
+        process.join(timeout=30)
+    finally:
+        if process.is_alive():
+            process.terminate()
+            process.join()
+    if result is None:
+        result = empty_result(entry)
+        result["status"] = "failed"
+        result["error"] = f"the worker process exited with code {process.exitcode} before reporting"
+    return result

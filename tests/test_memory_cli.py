@@ -1,0 +1,94 @@
+"""The ``optcore memory`` command: inputs, precisions, sharding, outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import optcore
+from optcore.cli import main
+from optcore.compare.memory import parse_count
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _memory(capsys, *args: str) -> dict:
+    assert main(["memory", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _rows(doc: dict) -> dict:
+    return {r["name"]: r for r in doc["rows"]}
+
+
+@pytest.mark.parametrize(("text", "n"), [("7B", 7_000_000_000), ("125M", 125_000_000), ("1.5e3", 1500), ("42", 42)])
+def test_counts(text, n):
+    assert parse_count(text) == n
+
+
+def test_params_count_fp32_and_bf16(capsys):
+    rows = _rows(_memory(capsys, "--params", "7B", "--optimizers", "torch:AdamW,torch:SGD"))
+    n = 7_000_000_000
+    adamw = rows["torch:AdamW"]
+    assert adamw["n_params"] == n and adamw["param_bytes"] == adamw["grad_bytes"] == 4 * n
+    assert adamw["state_bytes"] == 8 * n + 4  # two moments and one step counter
+    assert adamw["total_bytes"] == 16 * n + 4 and adamw["total_bytes_per_param"] == pytest.approx(16.0)
+    assert rows["torch:SGD"]["state_bytes"] == 4 * n  # the line-up's momentum=0.9: one buffer
+    if _has_fp16():
+        rows = _rows(_memory(capsys, "--params", "1M", "--optimizers", "torch:AdamW", "--precision", "bf16"))
+        row = rows["torch:AdamW"]
+        assert row["param_bytes"] == 2_000_000 and row["master_bytes"] == 8_000_000  # fp32 copies + grads
+        assert row["state_bytes"] == 8_000_000 + 8_000_000 + 4
+
+
+def _has_fp16() -> bool:
+    try:
+        optcore.resolve("FP16Optimizer")
+    except optcore.OptcoreError:
+        return False
+    return True
+
+
+def test_shape_dependent_state_is_flagged_for_a_bare_count(capsys):
+    rows = _rows(_memory(capsys, "--params", "10M", "--optimizers", "optcore-adafactor:Adafactor,torch:AdamW"))
+    if "optcore-adafactor:Adafactor" in rows and rows["optcore-adafactor:Adafactor"]["status"] == "ok":
+        assert "depends on the parameter shapes" in rows["optcore-adafactor:Adafactor"]["note"]
+    assert rows["torch:AdamW"]["note"] is None
+
+
+def test_model_factory_world_size_and_outputs(tmp_path, capsys):
+    out = tmp_path / "mem"
+    args = ["memory", "--model", f"{EXAMPLES / 'my_task.py'}:make_model", "--optimizers", "torch:AdamW,torch:LBFGS",
+            "--world-size", "4", "--zero-stage", "2", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "per rank" in printed and "not predicted" in printed
+    doc = json.loads((out / "memory.json").read_text())
+    adamw, lbfgs = doc["rows"]
+    n = adamw["n_params"]
+    assert n == 8 * 64 + 64 + 64 * 64 + 64 + 64 + 1
+    expected = -(-adamw["state_bytes"] // 4) + -(-adamw["grad_bytes"] // 4) + adamw["param_bytes"]  # ZeRO-2
+    assert adamw["per_rank_bytes"] == expected
+    assert lbfgs["status"] == "not predicted" and lbfgs["state_bytes"] is None  # said so, not guessed
+    assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_hf_config_is_built_on_meta(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, vocab_size=100, tie_word_embeddings=False)  # fmt: skip
+    path = tmp_path / "config.json"
+    config.to_json_file(path)
+    rows = _rows(_memory(capsys, "--hf-config", str(path), "--optimizers", "torch:AdamW"))
+    real = transformers.LlamaForCausalLM(config)
+    n = sum(p.numel() for p in real.parameters())
+    assert rows["torch:AdamW"]["n_params"] == n and rows["torch:AdamW"]["param_bytes"] == 4 * n
+
+
+def test_bad_inputs_say_what_to_do(tmp_path, capsys):
+    assert main(["memory", "--params", "lots"]) == 1
+    assert "7B" in capsys.readouterr().err
+    assert main(["memory", "--params", "1M", "--memory-efficient"]) == 1
+    assert "bf16 or fp16" in capsys.readouterr().err
