@@ -8,7 +8,6 @@ Files (JSON, YAML, TOML) are read by :func:`load_config_file`. Nothing is ever
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,25 +90,14 @@ def merge_kwargs(cfg: dict[str, Any], key: str) -> None:
     cfg.update(extra)
 
 
-def load_config_file(path: str | Path) -> Any:
-    """Read a JSON, YAML or TOML file into plain Python data."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"Cannot read config file {str(path)!r}: {exc.strerror or exc}.") from None
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".json":
-            return json.loads(text)
-        if suffix in (".yaml", ".yml"):
-            import yaml
+def load_config_file(path: str | Path, **limits: int) -> Any:
+    """Read a JSON, YAML or TOML file into plain Python data.
 
-            return yaml.safe_load(text)
-        if suffix == ".toml":
-            import tomllib
+    Size, encoding, nesting depth and (alias-expanded) value count are
+    limited, so a hostile or broken file is one :class:`ConfigError` at once;
+    ``limits`` (``max_bytes``, ``max_depth``, ``max_nodes``) raise or lower
+    them (see :mod:`optcore._config_files`).
+    """
+    from ._config_files import read_config_file
 
-            return tomllib.loads(text)
-    except Exception as exc:  # parse errors of any of the three formats
-        raise ConfigError(f"Cannot parse {str(path)!r}: {exc}") from None
-    raise ConfigError(f"Unknown config file type {suffix!r} for {str(path)!r}: use .json, .yaml/.yml or .toml.")
+    return read_config_file(path, **limits)

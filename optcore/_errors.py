@@ -145,17 +145,48 @@ class PluginLoadError(OptcoreError, ImportError):
         return self.message
 
 
+#: What a constructor may raise that is not about its arguments: these propagate.
+_NOT_ABOUT_CONFIG = (MemoryError,)
+
+
 @contextmanager
-def rejected_config(spec: Any, errors: tuple[type[BaseException], ...] = (ValueError, TypeError)) -> Iterator[None]:
-    """Turn what a class's constructor raises about its arguments into a
-    :class:`ConfigError` naming the class (optcore's own errors pass through)."""
+def rejected_config(
+    spec: Any, errors: tuple[type[BaseException], ...] | None = None, *, config: Any = None
+) -> Iterator[None]:
+    """Turn whatever a class's constructor raises about its arguments into a
+    :class:`ConfigError` naming the class and the config, with the original
+    exception as ``__cause__``.
+
+    Third-party constructors validate in every way there is: ``ValueError``,
+    ``TypeError``, their own exception classes (pytorch_optimizer's
+    ``NegativeLRError``), a bare ``assert lr > 0`` (lion-pytorch), an
+    ``OverflowError`` from arithmetic on a huge value. All of them are the
+    user's config being rejected, so every ``Exception`` is converted;
+    ``KeyboardInterrupt``, ``SystemExit`` and ``MemoryError`` propagate, and
+    optcore's own errors pass through. ``errors`` is accepted for older call
+    sites and ignored.
+    """
     try:
         yield
     except OptcoreError:
         raise
-    except errors as exc:
+    except _NOT_ABOUT_CONFIG:
+        raise
+    except Exception as exc:
+        from ._values import clean_text, short_repr
+
+        detail = clean_text(str(exc), 400)
+        if not detail:  # a bare `assert`: show the line that failed
+            import traceback
+
+            frames = traceback.extract_tb(exc.__traceback__)
+            if frames and frames[-1].line:
+                detail = f"`{clean_text(frames[-1].line, 200)}` failed ({frames[-1].filename}:{frames[-1].lineno})"
+        name = getattr(spec, "qualified", None) or getattr(spec, "name", None) or repr(spec)
+        shown = f" {short_repr(config, 200)}" if config is not None else ""
         raise ConfigError(
-            f"{spec.qualified} rejected its configuration: {exc}",
-            problems=[("<constructor>", str(exc))],
-            target=spec.name,
+            f"{name} rejected its configuration{shown}: {type(exc).__name__}: {detail or '(no message)'}\n"
+            f"Fix the value it names (run `optcore show {getattr(spec, 'name', name)}` for the accepted fields).",
+            problems=[("<constructor>", f"{type(exc).__name__}: {detail}")],
+            target=getattr(spec, "name", None),
         ) from exc

@@ -6,7 +6,9 @@ the Hugging Face Trainer does), then policies contributed by hook plugins, then
 the config's own ``param_groups`` (regexes over parameter names). Parameters
 with the same resulting overrides share a group, in order of first appearance.
 A parameter matched by two of the config's regexes is an error, not a silent
-pick.
+pick, and so is a regex that matches no trainable parameter (a typo or a
+config written for another model would otherwise change nothing, silently);
+a group marked ``"optional": true`` may match nothing.
 """
 
 from __future__ import annotations
@@ -19,9 +21,39 @@ import torch
 from torch import Tensor, nn
 
 from ._errors import ConfigError
+from ._values import as_finite, as_flag, short_repr
 
 #: Keys a param-group override may carry besides hyper-parameters.
 GROUP_META_KEYS = frozenset({"name", "lr_scale", "params"})
+#: Keys of a ``param_groups`` regex entry that only steer the matching.
+MATCH_KEYS = frozenset({"optional"})
+
+def no_decay_flag(value: Any) -> bool:
+    """The config's ``no_decay`` switch as a bool: ``True``/``False`` or
+    ``"true"``/``"false"``, never judged by truthiness (``"false"`` is a
+    non-empty string); anything else is a :class:`ConfigError`."""
+    try:
+        return as_flag(value, "no_decay")
+    except ValueError as exc:
+        raise ConfigError(
+            f"{exc}: it says whether biases and normalisation weights get weight_decay=0 (default true).",
+            problems=[("no_decay", "must be true or false")],
+        ) from None
+
+
+def lr_scale_value(value: Any, where: str = "lr_scale") -> float:
+    """A group's ``lr_scale`` as a finite, non-negative float (booleans,
+    ``nan`` and ``inf`` are a :class:`ConfigError`)."""
+    try:
+        scale = as_finite(value, where)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{exc}: lr_scale multiplies the group's lr, write e.g. 0.1.", problems=[(where, "not a finite number")]
+        ) from None
+    if scale < 0:
+        raise ConfigError(f"{where} must be >= 0, got {short_repr(value)}.", problems=[(where, "negative")])
+    return scale
+
 
 _NORM_TYPES: tuple[type, ...] = (
     nn.modules.normalization.LayerNorm,
@@ -109,11 +141,13 @@ def _explicit_groups(groups: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for i, group in enumerate(groups):
         if "params" not in group:
             raise ConfigError(f"param group {i} has no 'params' key.", problems=[(f"param_groups[{i}]", "no params")])
-        params = group["params"]
-        named, _, _ = _named_params(params)
+        settings = {k: v for k, v in group.items() if k != "params"}
+        if "lr_scale" in settings:
+            settings["lr_scale"] = lr_scale_value(settings["lr_scale"], f"param group {i} lr_scale")
+        named, _, _ = _named_params(group["params"])
         tensors = [p for _, p in _dedup(named)]
         if tensors:
-            out.append({**{k: v for k, v in group.items() if k != "params"}, "params": tensors})
+            out.append({**settings, "params": tensors})
     return out
 
 
@@ -122,7 +156,7 @@ def build_param_groups(
     param_groups: list[Mapping[str, Any]] | None = None,
     *,
     weight_decay: float | None = None,
-    no_decay: bool = True,
+    no_decay: Any = True,
     policies: list[Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Param groups for ``params_or_model`` (see the module docstring).
@@ -130,6 +164,8 @@ def build_param_groups(
     ``weight_decay`` is the optimizer's value: the no-decay group is made only
     when it is non-zero. ``param_groups`` are ``{"params": "<regex>", ...}``
     overrides; ``policies`` are hook-contributed overrides (weaker).
+    ``no_decay`` is the config's switch as given (checked by
+    :func:`no_decay_flag`: ``"false"`` is false).
     """
     if isinstance(params_or_model, (list, tuple)) and params_or_model and all(
         isinstance(g, Mapping) for g in params_or_model
@@ -155,7 +191,9 @@ def build_param_groups(
             "pass the model (nn.Module) or a dict of name -> tensor."
         )
 
+    no_decay = no_decay_flag(no_decay)
     decay_split = bool(no_decay and weight_decay and no_decay_names is not None)
+    used = [False] * len(regexes)
     buckets: dict[tuple[Any, ...], dict[str, Any]] = {}
     for name, p in named:
         overrides: dict[str, Any] = {}
@@ -166,18 +204,21 @@ def build_param_groups(
         for pattern, values in weak:
             if name is not None and pattern.search(name):
                 overrides.update(values)
-        matched = [(pattern, values) for pattern, values in regexes if name is not None and pattern.search(name)]
+        matched = [i for i, (pattern, _) in enumerate(regexes) if name is not None and pattern.search(name)]
         if len(matched) > 1:
             raise ConfigError(
                 f"Parameter {name!r} matches more than one param_groups regex: "
-                f"{[m[0].pattern for m in matched]}. Make the regexes exclusive (e.g. anchor them with ^ and $).",
+                f"{[short_repr(regexes[i][0].pattern) for i in matched]}. Make the regexes exclusive "
+                "(e.g. anchor them with ^ and $).",
                 problems=[("param_groups", f"{name} matched twice")],
             )
         if matched:
-            overrides.update(matched[0][1])
+            used[matched[0]] = True
+            overrides.update(regexes[matched[0]][1])
         key = tuple(sorted((k, _hashable(v)) for k, v in overrides.items()))
         bucket = buckets.setdefault(key, {"overrides": overrides, "params": [], "label": label})
         bucket["params"].append(p)
+    _check_all_used(param_groups or [], regexes, used, [n for n, _ in named if n is not None])
 
     groups = []
     for i, bucket in enumerate(buckets.values()):
@@ -186,6 +227,27 @@ def build_param_groups(
             group["name"] = bucket["label"] or ("decay" if decay_split and i == 0 else f"group{i}")
         groups.append(group)
     return groups
+
+
+def _check_all_used(
+    entries: list[Mapping[str, Any]], regexes: list[tuple[re.Pattern[str], dict[str, Any]]], used: list[bool],
+    names: list[str],
+) -> None:
+    """A ``param_groups`` regex that selects nothing is an error, naming a few
+    parameter names to write the regex against (``"optional": true`` allows it)."""
+    unused = [
+        i for i, hit in enumerate(used) if not hit and not as_flag(entries[i].get("optional", False), "optional")
+    ]
+    if not unused:
+        return
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    patterns = ", ".join(f"param_groups[{i}].params={short_repr(regexes[i][0].pattern)}" for i in unused)
+    raise ConfigError(
+        f"{patterns} matches no trainable parameter, so its settings would change nothing. The parameter names "
+        f"are: {shown}. Fix the regex (it is searched in each name, e.g. '^head\\.'), drop the group, or mark it "
+        "\"optional\": true to allow a group that matches nothing on this model.",
+        problems=[(f"param_groups[{i}].params", "matches no parameter") for i in unused],
+    )
 
 
 def _hashable(v: Any) -> Any:
@@ -202,17 +264,31 @@ def _compile(groups: Iterable[Mapping[str, Any]], what: str) -> list[tuple[re.Pa
         if not isinstance(group, Mapping) or not isinstance(group.get("params"), str):
             raise ConfigError(
                 f"{what}[{i}] must be a mapping with 'params': '<regex over parameter names>' and the "
-                f"hyper-parameters to override, got {group!r}.",
+                f"hyper-parameters to override, got {short_repr(group)}.",
                 problems=[(f"{what}[{i}]", "bad entry")],
             )
         try:
             pattern = re.compile(group["params"])
         except re.error as exc:
             raise ConfigError(
-                f"{what}[{i}].params {group['params']!r} is not a valid regex: {exc}.",
+                f"{what}[{i}].params {short_repr(group['params'])} is not a valid regex: {exc}.",
                 problems=[(f"{what}[{i}].params", str(exc))],
             ) from None
-        out.append((pattern, {k: v for k, v in group.items() if k != "params"}))
+        except (RecursionError, OverflowError) as exc:  # a pathological pattern
+            raise ConfigError(
+                f"{what}[{i}].params {short_repr(group['params'])} cannot be compiled ({type(exc).__name__}); "
+                "write a simpler regex.",
+                problems=[(f"{what}[{i}].params", type(exc).__name__)],
+            ) from None
+        values = {k: v for k, v in group.items() if k != "params" and k not in MATCH_KEYS}
+        if "lr_scale" in values:
+            values["lr_scale"] = lr_scale_value(values["lr_scale"], f"{what}[{i}].lr_scale")
+        if "optional" in group:
+            try:
+                as_flag(group["optional"], f"{what}[{i}].optional")
+            except ValueError as exc:
+                raise ConfigError(f"{exc}.", problems=[(f"{what}[{i}].optional", "must be true or false")]) from None
+        out.append((pattern, values))
     return out
 
 

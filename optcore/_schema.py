@@ -13,12 +13,16 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import math
+import types
+import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, get_type_hints
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WrapValidator, create_model
 
 from ._errors import ConfigError
+from ._values import clean_text, short_repr
 
 
 def parse_literal(value: Any) -> Any:
@@ -73,28 +77,115 @@ def parse_optim_args(text: str) -> dict[str, Any]:
     return result
 
 
+def _number(value: Any) -> Any:
+    """Before pydantic's number check: parse a literal string, refuse booleans
+    (pydantic would read ``True`` as ``1.0``). ``inf``/``nan`` are refused by
+    the field's ``allow_inf_nan=False``."""
+    value = parse_literal(value)
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number; write a number such as 0.001")
+    return value
+
+
+def _flag(value: Any) -> Any:
+    """Before pydantic's (strict) bool check: the strings ``"true"``/``"false"``
+    are booleans, ``"none"``/``"null"`` are None; no other value is read by
+    truthiness (``"false"`` would be true, ``0`` would be false)."""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("true", "false"):
+            return word == "true"
+        if word in ("none", "null"):
+            return None
+    if value is None or isinstance(value, bool):
+        return value
+    raise ValueError("must be true or false")
+
+
+def _keep_tensor(value: Any, handler: Any) -> Any:
+    """A 0-dim floating-point tensor lr (capturable/compiled optimizers) passes
+    through unchanged, after the same checks as a float."""
+    tensor_type = type(value)
+    if tensor_type.__module__.startswith("torch"):
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            if value.dim() != 0 or not value.is_floating_point():
+                raise ValueError(
+                    f"a tensor learning rate must be a 0-dim floating-point tensor, got shape "
+                    f"{tuple(value.shape)} and dtype {value.dtype}"
+                )
+            number = float(value.detach())
+            if not math.isfinite(number) or number < 0:
+                raise ValueError(f"a tensor learning rate must be finite and >= 0, got {number}")
+            return value
+    return handler(value)
+
+
 # Field types shared by schemas, so constraints read the same everywhere.
 Literalish = BeforeValidator(parse_literal)
-LR = Annotated[float, Field(ge=0.0, description="learning rate"), Literalish]
-Beta = Annotated[float, Field(ge=0.0, lt=1.0), Literalish]
+#: a number: literal strings parsed, booleans refused
+Numberish = BeforeValidator(_number)
+#: a boolean switch: True/False or "true"/"false", never truthiness
+Switch = BeforeValidator(_flag)
+Finite = Field(allow_inf_nan=False)
+FiniteFloat = Annotated[float, Finite, Numberish]
+Integer = Annotated[int, Numberish]
+#: for a signature whose default is itself inf (``max_norm=inf``): inf stays allowed
+NonFiniteFloat = Annotated[float, Field(allow_inf_nan=True), Numberish]
+LR = Annotated[
+    float, Field(ge=0.0, allow_inf_nan=False, description="learning rate"), Numberish, WrapValidator(_keep_tensor)
+]
+Beta = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False), Numberish]
 Betas = Annotated[tuple[Beta, Beta], Field(description="coefficients of the running averages"), Literalish]
-Eps = Annotated[float, Field(ge=0.0, description="term added for numerical stability"), Literalish]
-WeightDecay = Annotated[float, Field(ge=0.0, description="weight decay coefficient"), Literalish]
-Momentum = Annotated[float, Field(ge=0.0, description="momentum factor"), Literalish]
-Flag = Annotated[bool, Literalish]
-OptionalFlag = Annotated[bool | None, Literalish]
+Eps = Annotated[float, Field(ge=0.0, allow_inf_nan=False, description="term added for numerical stability"), Numberish]
+WeightDecay = Annotated[float, Field(ge=0.0, allow_inf_nan=False, description="weight decay coefficient"), Numberish]
+Momentum = Annotated[float, Field(ge=0.0, allow_inf_nan=False, description="momentum factor"), Numberish]
+StrictBool = Annotated[bool, Field(strict=True)]
+Flag = Annotated[bool, Field(strict=True), Switch]
+OptionalFlag = Annotated[bool | None, Field(strict=True), Switch]
 
 
 class HParams(BaseModel):
-    """Base class of hyper-parameter schemas: unknown fields are errors, and
-    string values that spell literals are parsed first."""
+    """Base class of hyper-parameter schemas: unknown fields are errors,
+    string values that spell literals are parsed first, and no float field
+    takes ``inf`` or ``nan`` unless it says so (``Field(allow_inf_nan=True)``):
+    a non-finite hyper-parameter leaves non-finite parameters after one step."""
 
     model_config = ConfigDict(
         extra="forbid",
         arbitrary_types_allowed=True,
         validate_default=False,
         populate_by_name=True,
+        allow_inf_nan=False,
     )
+
+
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field's type takes a boolean: False only for number types
+    (``int``/``float`` and unions of them), where pydantic would read ``True``
+    as ``1``."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_admits_bool(a) for a in typing.get_args(annotation))
+    if annotation is bool:
+        return True
+    return not (isinstance(annotation, type) and issubclass(annotation, (int, float)))
+
+
+def _boolean_numbers(schema: type[BaseModel], values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A boolean (or ``"true"``/``"false"``) given to a number field: booleans are not numbers."""
+    fields = schema.model_fields
+    by_alias = {info.alias: info for info in fields.values() if isinstance(info.alias, str)}
+    problems = []
+    for key, value in values.items():
+        info = fields.get(key) if isinstance(key, str) else None
+        info = info or (by_alias.get(key) if isinstance(key, str) else None)
+        boolish = isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("true", "false"))
+        if info is not None and boolish and not _admits_bool(info.annotation):
+            problems.append((key, f"a boolean is not a number; write a number (got {short_repr(value)})"))
+    return problems
 
 
 def _field_names(schema: type[BaseModel]) -> list[str]:
@@ -122,43 +213,152 @@ def _fields_at(schema: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
     return _field_names(model)
 
 
-def validate_hparams(schema: type[BaseModel], values: Mapping[str, Any], target: str) -> dict[str, Any]:
+#: Other spellings of well-known hyper-parameters (other libraries' names,
+#: abbreviations), used to answer an unknown field with the right one.
+ALIASES: dict[str, str] = {
+    "wd": "weight_decay",
+    "weight_decay_rate": "weight_decay",
+    "l2": "weight_decay",
+    "l2_reg": "weight_decay",
+    "decay": "weight_decay",
+    "learning_rate": "lr",
+    "lr_rate": "lr",
+    "step_size": "lr",
+    "epsilon": "eps",
+    "adam_epsilon": "eps",
+    "beta1": "betas",
+    "beta2": "betas",
+    "beta_1": "betas",
+    "beta_2": "betas",
+    "b1": "betas",
+    "b2": "betas",
+    "adam_beta1": "betas",
+    "adam_beta2": "betas",
+    "mom": "momentum",
+    "momentum_factor": "momentum",
+    "use_nesterov": "nesterov",
+    "nesterov_momentum": "nesterov",
+    "amsbound": "amsgrad",
+    "decoupled": "decoupled_weight_decay",
+}
+#: Hyper-parameters every optimizer user knows: when one is not a field of
+#: this optimizer, say so instead of offering a far-fetched close name.
+KNOWN_FIELDS = frozenset(ALIASES.values()) | frozenset(
+    {"dampening", "maximize", "foreach", "fused", "capturable", "differentiable", "centered", "alpha", "rho",
+     "lr_decay", "momentum_decay", "initial_accumulator_value", "clip_threshold", "relative_step"}
+)
+
+
+def _suggestion(field: str, accepted: list[str], target: str) -> str:
+    """What to say about an unknown field: its accepted spelling (``wd`` ->
+    ``weight_decay``, ``betas`` -> ``beta1`` where the optimizer spells it so),
+    that the optimizer has no such well-known hyper-parameter, or close names."""
+    canonical = ALIASES.get(field, field)
+    family = {canonical, *(alias for alias, name in ALIASES.items() if name == canonical)} - {field}
+    same = [name for name in accepted if name in family]
+    if same:
+        return f"unknown field; did you mean {' or '.join(map(repr, same))}?"
+    if canonical in KNOWN_FIELDS:
+        spelled = f"{field!r}" if canonical == field else f"{field!r} ({canonical})"
+        return f"unknown field: {target} has no {spelled}"
+    close = difflib.get_close_matches(field, accepted, n=3, cutoff=0.6)
+    return "unknown field" + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
+
+
+def _problem(err: Any, schema: type[BaseModel], target: str) -> tuple[str, str]:
+    loc = err.get("loc", ())
+    field = ".".join(clean_text(str(p), 80) for p in loc) or "<config>"
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        nested = _fields_at(schema, tuple(loc[:-1]))
+        return field, _suggestion(str(loc[-1]), nested, target if len(loc) == 1 else field)
+    if kind == "missing":
+        return field, "required: this field has no default, set it"
+    msg = clean_text(str(err.get("msg", "invalid value")), 300)
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return field, f"{msg} (got {short_repr(err.get('input'))})"
+
+
+def validate_hparams(
+    schema: type[BaseModel],
+    values: Mapping[str, Any],
+    target: str,
+    problems: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
     """Validate ``values`` against ``schema`` and return the keyword arguments
     to build ``target`` with, or raise one :class:`ConfigError` naming every bad
-    field, what was wrong, and the accepted fields."""
+    field, what was wrong, and the accepted fields.
+
+    ``problems`` are ``(field, message)`` pairs the caller found itself (a
+    scheduler's missing run length); they join the schema's in the same error,
+    and replace the schema's message for the same field.
+    """
+    found = list(problems or [])
+    found += [p for p in _boolean_numbers(schema, values) if p[0] not in {f for f, _ in found}]
+    model = None
     try:
         model = schema.model_validate(dict(values))
     except ValidationError as exc:
+        given = {field for field, _ in found}
+        found += [p for p in (_problem(e, schema, target) for e in exc.errors()) if p[0] not in given]
+    except (TypeError, AttributeError, KeyError, IndexError, ArithmeticError) as exc:
+        # a hand-written validator that raised something pydantic does not collect
+        found.append(("<config>", f"{type(exc).__name__}: {clean_text(str(exc), 300)}"))
+    if found:
         accepted = _field_names(schema)
-        problems: list[tuple[str, str]] = []
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "<config>"
-            if err["type"] == "extra_forbidden":
-                nested = _fields_at(schema, err["loc"][:-1])
-                close = difflib.get_close_matches(str(err["loc"][-1]), nested, n=3, cutoff=0.5)
-                msg = "unknown field" + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
-            else:
-                msg = f"{err['msg']} (got {err.get('input')!r})"
-            problems.append((field, msg))
         lines = [f"Invalid configuration for {target}:"]
-        lines += [f"  - {field}: {msg}" for field, msg in problems]
+        lines += [f"  - {field}: {msg}" for field, msg in found]
         lines.append(f"Accepted fields: {', '.join(accepted) or '(none)'}.")
-        lines.append(f"Run `optcore show {target}` for types, defaults and constraints.")
-        raise ConfigError("\n".join(lines), problems=problems, accepted=accepted, target=target) from None
+        lines.append(f"Run `optcore show {target.split(' ')[0]}` for types, defaults and constraints.")
+        raise ConfigError("\n".join(lines), problems=found, accepted=accepted, target=target) from None
     return {name: getattr(model, name) for name in type(model).model_fields}
+
+
+def _strict(annotation: Any, default: Any = inspect.Parameter.empty) -> Any:
+    """A signature's annotation with optcore's value rules: ``float`` is a
+    finite float (unless the default itself is not finite), ``int`` refuses
+    booleans, ``bool`` is a strict switch; unions, tuples and lists are mapped
+    member by member, anything else is kept."""
+    if annotation is float:
+        finite = not (isinstance(default, float) and not math.isfinite(default))
+        return FiniteFloat if finite else NonFiniteFloat
+    if annotation is bool:
+        return Flag
+    if annotation is int:
+        return Integer
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if not args:
+        return annotation
+    try:
+        if origin in (typing.Union, types.UnionType):
+            # inside a union a bool member is strict: 1 stays a number, "true" was parsed by Literalish
+            members = tuple(StrictBool if a is bool else _strict(a, default) for a in args)
+            return typing.Union[members]  # noqa: UP007 (a runtime tuple of members)
+        if origin is tuple:
+            return tuple[tuple(a if a is Ellipsis else _strict(a) for a in args)]  # type: ignore[misc]
+        if origin is list:
+            return list[_strict(args[0])]  # type: ignore[misc]
+    except TypeError:  # a construct that cannot be rebuilt from its parts
+        return annotation
+    return annotation
 
 
 def _annotation_for(default: Any, annotation: Any) -> Any:
     if annotation is not inspect.Parameter.empty and annotation is not Any:
-        return Annotated[annotation, Literalish]
+        return Annotated[_strict(annotation, default), Literalish]
     if default is inspect.Parameter.empty or default is None:
         return Annotated[Any, Literalish]
     kind = type(default)
     if kind is bool:
         return Flag
-    if kind is float or kind is int:
-        return Annotated[float | int, Literalish] if kind is int else Annotated[float, Literalish]
+    if kind is float:
+        return FiniteFloat if math.isfinite(default) else NonFiniteFloat
+    if kind is int:
+        return Annotated[int | Annotated[float, Finite], Numberish]
     if kind is tuple:
+        if default and all(type(x) in (int, float) for x in default) and any(type(x) is float for x in default):
+            return Annotated[tuple[FiniteFloat, ...], Literalish]
         return Annotated[tuple, Literalish]
     return Annotated[Any, Literalish]
 

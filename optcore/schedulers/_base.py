@@ -32,24 +32,24 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from .._errors import ConfigError
-from .._schema import HParams, Literalish, validate_hparams
+from .._schema import Flag as Flag  # re-exported: the schedule modules take the switch type from here
+from .._schema import HParams, Numberish, validate_hparams
 
 # Field types the schedule schemas share, so a key reads the same everywhere.
 WarmupSteps = Annotated[
     int,
     Field(ge=0, description="steps of warm-up to the base lr (also accepted as num_warmup_steps)"),
-    Literalish,
+    Numberish,
 ]
 TrainingSteps = Annotated[
     int,
     Field(gt=0, description="total optimizer steps of the run (or pass num_training_steps= to build_scheduler)"),
-    Literalish,
+    Numberish,
 ]
-Steps = Annotated[int, Field(ge=0), Literalish]
-PositiveSteps = Annotated[int, Field(gt=0), Literalish]
-NonNegative = Annotated[float, Field(ge=0.0), Literalish]
-Fraction = Annotated[float, Field(ge=0.0, le=1.0), Literalish]
-Flag = Annotated[bool, Literalish]
+Steps = Annotated[int, Field(ge=0), Numberish]
+PositiveSteps = Annotated[int, Field(gt=0), Numberish]
+NonNegative = Annotated[float, Field(ge=0.0), Numberish]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0), Numberish]
 
 
 def base_lr(optimizer: Optimizer, who: str) -> float:

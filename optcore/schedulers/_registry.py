@@ -33,7 +33,8 @@ from .._config import merge_kwargs, typed_config
 from .._errors import ConfigError, SchedulerNotFoundError, rejected_config
 from .._plugins import SCHEDULERS_GROUP
 from .._registry import Registry
-from .._schema import validate_hparams
+from .._schema import parse_literal, validate_hparams
+from .._values import short_repr
 from .._spec import OptimizerSpec
 from .._version import __version__
 from ._torch import NON_DECAYING, TOTAL_FIELDS, construct, scale_absolute_lrs, torch_scheduler_names, torch_schema
@@ -252,8 +253,32 @@ def build_scheduler(config: Any, optimizer: torch.optim.Optimizer, num_training_
             target=spec.name,
         )
     _warn_about_combination(spec, kwargs, optimizer)
-    with rejected_config(spec, (ValueError, TypeError, KeyError, ZeroDivisionError)):
-        return _construct(spec, optimizer, kwargs)
+    saved = _snapshot(optimizer)
+    try:
+        with rejected_config(spec, config=config):
+            return _construct(spec, optimizer, kwargs)
+    except BaseException:
+        _restore(optimizer, saved)  # a constructor that failed half-way has set initial_lr / lr already
+        raise
+
+
+def _snapshot(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each group's settings (not its params), tensor values copied."""
+    def copy(v: Any) -> Any:
+        return v.detach().clone() if isinstance(v, torch.Tensor) else None
+
+    return [{k: (v, copy(v)) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def _restore(optimizer: torch.optim.Optimizer, saved: list[dict[str, Any]]) -> None:
+    for group, before in zip(optimizer.param_groups, saved):
+        for key in [k for k in group if k != "params" and k not in before]:
+            del group[key]
+        for key, (value, copy) in before.items():
+            if copy is not None:
+                with torch.no_grad():
+                    value.copy_(copy)
+            group[key] = value
 
 
 def validate_scheduler_config(
@@ -265,8 +290,9 @@ def validate_scheduler_config(
     field (nested ``SequentialLR``/``ChainedScheduler`` configs included)."""
     cfg = _scheduler_config(config)
     spec = resolve_scheduler(cfg.pop("type"))
-    values = _normalise_keys(spec, cfg, num_training_steps)
-    kwargs = validate_hparams(spec.schema, values, spec.name)
+    problems: list[tuple[str, str]] = []
+    values = _normalise_keys(spec, cfg, _run_length(num_training_steps, problems), problems)
+    kwargs = validate_hparams(spec.schema, values, spec.name, problems)
     if spec.source == "torch" and isinstance(kwargs.get("schedulers"), list):
         for sub in kwargs["schedulers"]:
             if isinstance(sub, (Mapping, str)):
@@ -281,32 +307,52 @@ def _scheduler_config(config: Any) -> dict[str, Any]:
     return plain
 
 
-def _normalise_keys(spec: SchedulerSpec, cfg: dict[str, Any], call_total: int | None) -> dict[str, Any]:
-    """One spelling of warm-up and run length, whatever the reference's."""
+def _run_length(
+    value: Any, problems: list[tuple[str, str]], where: str = "build_scheduler(num_training_steps=...)"
+) -> Any:
+    """``num_training_steps`` as a positive int (``"1000"`` is read as 1000);
+    anything else is recorded in ``problems`` and read as absent."""
+    if value is None:
+        return None
+    number = parse_literal(value) if isinstance(value, str) else value
+    if isinstance(number, int) and not isinstance(number, bool) and number > 0:
+        return number
+    if isinstance(number, float) and number.is_integer() and number > 0:
+        return int(number)
+    shown = short_repr(value)
+    problems.append(("num_training_steps", f"{where} must be a positive whole number of steps, got {shown}"))
+    return None
+
+
+def _normalise_keys(
+    spec: SchedulerSpec, cfg: dict[str, Any], call_total: int | None, problems: list[tuple[str, str]]
+) -> dict[str, Any]:
+    """One spelling of warm-up and run length, whatever the reference's.
+    What is wrong is appended to ``problems`` (reported together with the
+    schema's findings); the fields at fault are left out of the result."""
     warm = spec.warmup_field
     given = [k for k in WARMUP_KEYS if k in cfg]
     if warm is not None and given:
-        values = {cfg.pop(k) for k in given}
-        if len(values) > 1:
-            raise ConfigError(
-                f"{spec.name}: the warm-up length is given twice with different values ({', '.join(given)}); "
-                f"keep one ({warm!r} is the schedule's own spelling).",
-                problems=[(k, "given twice") for k in given],
-                target=spec.name,
-            )
-        cfg[warm] = values.pop()
+        values = [cfg.pop(k) for k in given]
+        if any(v != values[0] for v in values[1:]):
+            problems.append((
+                warm,
+                f"the warm-up length is given twice with different values ({', '.join(given)}); keep one "
+                f"({warm!r} is the schedule's own spelling)",
+            ))
+        else:
+            cfg[warm] = values[0]
 
     total = spec.total_field
-    if total != "num_training_steps" and "num_training_steps" in cfg:
-        alias = cfg.pop("num_training_steps")
-        if total is not None:  # schedules without a run length ignore it, as a call argument would be
+    if "num_training_steps" in cfg and total != "num_training_steps":
+        alias = _run_length(cfg.pop("num_training_steps"), problems, "num_training_steps")
+        # schedules without a run length ignore a valid one, as they would a call argument
+        if total is not None and alias is not None:
             if cfg.get(total) is not None and cfg[total] != alias:
-                raise ConfigError(
-                    f"{spec.name}: num_training_steps={alias} and {total}={cfg[total]} disagree; keep one.",
-                    problems=[(total, "given twice")],
-                    target=spec.name,
-                )
-            cfg[total] = alias
+                shown = short_repr(cfg.pop(total))
+                problems.append((total, f"num_training_steps={alias} and {total}={shown} disagree; keep one"))
+            else:
+                cfg[total] = alias
     if total is not None and call_total is not None:
 
         replaced_by = TOTAL_FIELDS.get(spec.name, ("", ()))[1] if spec.source == "torch" else ()
@@ -314,18 +360,19 @@ def _normalise_keys(spec: SchedulerSpec, cfg: dict[str, Any], call_total: int | 
             cfg[total] = call_total
         elif cfg.get(total) is not None and cfg[total] != call_total:
             warnings.warn(
-                f"{spec.name}: the config's {total}={cfg[total]} wins over build_scheduler(num_training_steps="
-                f"{call_total}).",
+                f"{spec.name}: the config's {total}={short_repr(cfg[total])} wins over "
+                f"build_scheduler(num_training_steps={call_total}).",
                 UserWarning,
                 stacklevel=3,
             )
-    if spec.needs_total and cfg.get(total) is None:  # type: ignore[arg-type]
-        raise ConfigError(
-            f"{spec.name} needs the length of the run: pass build_scheduler(..., num_training_steps=N) "
-            f"(optcore.build passes its num_training_steps) or set {total!r} in the scheduler config.",
-            problems=[(str(total), "missing")],
-            target=spec.name,
-        )
+    reported = {f for f, _ in problems}
+    if spec.needs_total and cfg.get(total) is None and not reported & {total, "num_training_steps"}:
+        cfg.pop(total, None)  # type: ignore[arg-type]
+        problems.append((
+            str(total),
+            f"missing: {spec.name} needs the length of the run; pass build_scheduler(..., num_training_steps=N) "
+            f"(optcore.build passes its num_training_steps) or set {total!r} in the scheduler config",
+        ))
     return cfg
 
 
