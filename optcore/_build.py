@@ -36,12 +36,12 @@ def construct(plan_: BuildPlan) -> Any:
     spec = plan_.spec
     if plan_.inner is not None:
         inner = construct(plan_.inner)
-        with rejected_config(spec):
+        with rejected_config(spec, config={**plan_.hparams, "type": spec.qualified}):
             return spec.target(inner, **plan_.hparams)
     if plan_.groups is None:
         raise ConfigError(f"The plan for {spec.name} was made without parameters; pass them to optcore.plan().")
     groups = [dict(g) for g in plan_.groups]
-    with rejected_config(spec, (ValueError, TypeError, RuntimeError, NotImplementedError)):
+    with rejected_config(spec, config={**plan_.hparams, "type": spec.qualified}):
         optimizer = _call(spec, groups, dict(plan_.hparams))
     optimizer.optcore_spec = spec  # type: ignore[attr-defined]
     get_plugin_manager().hook.optcore_optimizer_built(optimizer=optimizer, config={**plan_.hparams, "type": spec.name})
@@ -94,4 +94,4 @@ def build(
     if sched_cfg is None:
         return optimizer, None
     total = num_training_steps if num_training_steps is not None else plain.get("num_training_steps")
-    return optimizer, build_scheduler(sched_cfg, optimizer, num_training_steps=total)
+    return optimizer, build_scheduler(sched_cfg, optimizer, num_training_steps=total, allow_import_paths=allow_import_paths)

@@ -35,7 +35,7 @@ import torch
 from ._config import merge_kwargs, optimizer_config
 from ._errors import ConfigError
 from ._hooks import get_plugin_manager, rewrite_config
-from ._params import GROUP_META_KEYS, all_params, build_param_groups, validate_group_specs
+from ._params import GROUP_META_KEYS, MATCH_KEYS, all_params, build_param_groups, lr_scale_value, no_decay_flag, validate_group_specs
 from ._registry import resolve
 from ._schema import validate_hparams
 from ._spec import OptimizerSpec
@@ -140,8 +140,7 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
     validate_group_specs(group_specs)
     for i, group in enumerate(group_specs):
         _validate_overrides(spec, hparams, group, f"{spec.name} param_groups[{i}]")
-    if not isinstance(no_decay, bool):
-        raise ConfigError(f"no_decay must be true or false, got {no_decay!r}.", problems=[("no_decay", "not a bool")])
+    no_decay = no_decay_flag(no_decay)
     plan_ = BuildPlan(
         spec=spec,
         hparams=MappingProxyType(hparams),
@@ -196,7 +195,7 @@ def _reject_plugin_keys(spec: OptimizerSpec, cfg: dict[str, Any]) -> None:
 
 def _validate_overrides(spec: OptimizerSpec, hparams: Mapping[str, Any], group: Mapping[str, Any], label: str) -> dict[str, Any]:
     """A param group's hyper-parameter overrides, checked with the schema."""
-    overrides = {k: v for k, v in group.items() if k not in GROUP_META_KEYS}
+    overrides = {k: v for k, v in group.items() if k not in GROUP_META_KEYS and k not in MATCH_KEYS}
     if not overrides:
         return {}
     merged = validate_hparams(spec.schema, {**hparams, **overrides}, label)
@@ -236,11 +235,7 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
 def _apply_lr_scale(group: dict[str, Any], hparams: Mapping[str, Any]) -> None:
     if "lr_scale" not in group:
         return
-    scale = group["lr_scale"]
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 <= scale < float("inf"):
-        raise ConfigError(
-            f"lr_scale must be a finite non-negative number, got {scale!r}.", problems=[("lr_scale", "bad value")]
-        )
+    scale = lr_scale_value(group["lr_scale"])
     base = group.get("lr", hparams.get("lr"))
     if base is not None:
         group["lr"] = base * scale if isinstance(base, torch.Tensor) else float(base) * float(scale)

@@ -51,7 +51,6 @@ def test_no_decay_is_a_strict_switch(model):
         build_param_groups(model, weight_decay=0.1, no_decay="off")
 
 
-@pytest.mark.xfail(strict=True, reason="_build.py passes bool(no_decay); it must pass the value to no_decay_flag")
 def test_build_optimizer_reads_no_decay_false_as_false(model):
     opt = optcore.build_optimizer({"type": "AdamW", "weight_decay": 0.1, "no_decay": "false"}, model)
     assert len(opt.param_groups) == 1

@@ -104,3 +104,23 @@ def test_check_and_build_agree(config):
     else:
         built = True
     assert accepted == built, config
+
+
+def test_import_paths_can_be_turned_off_on_every_entry_point(monkeypatch):
+    path = {"type": "torch.optim:SGD", "lr": 0.1}
+    assert optcore.plan(path).spec.target is torch.optim.SGD
+    for call in (
+        lambda: optcore.plan(path, allow_import_paths=False),
+        lambda: optcore.build_optimizer(path, model(), allow_import_paths=False),
+        lambda: optcore.build({"optimizer": path}, model(), allow_import_paths=False),
+        lambda: optcore.build(
+            {"optimizer": {"type": "SGD"}, "lr_scheduler": {"type": "torch.optim.lr_scheduler:StepLR", "step_size": 2}},
+            model(),
+            allow_import_paths=False,
+        ),
+    ):
+        with pytest.raises(optcore.ConfigError, match="import path"):
+            call()
+    assert check_config(path, allow_import_paths=False)
+    monkeypatch.setenv("OPTCORE_ALLOW_IMPORT_PATHS", "0")
+    assert check_config(path) and not check_config({"type": "SGD"})

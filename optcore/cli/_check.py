@@ -46,7 +46,7 @@ def check_config(data: Any, *, allow_import_paths: bool | None = None) -> list[s
             if kind == "lr_scheduler":
                 from ..schedulers import validate_scheduler_config
 
-                validate_scheduler_config(cfg, total)
+                validate_scheduler_config(cfg, total, allow_import_paths=allow_import_paths)
             else:
                 plan(cfg, allow_import_paths=allow_import_paths)
         except OptcoreError as exc:

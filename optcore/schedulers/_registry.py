@@ -222,7 +222,13 @@ def unregister_scheduler(name: str) -> None:
 
 
 # -------------------------------------------------------------------- build
-def build_scheduler(config: Any, optimizer: torch.optim.Optimizer, num_training_steps: int | None = None) -> Any:
+def build_scheduler(
+    config: Any,
+    optimizer: torch.optim.Optimizer,
+    num_training_steps: int | None = None,
+    *,
+    allow_import_paths: bool | None = None,
+) -> Any:
     """Build the scheduler ``config`` describes for ``optimizer``.
 
     ``config``: ``{"type": "cosine", "warmup_steps": 500, ...}``, a type name,
@@ -243,7 +249,7 @@ def build_scheduler(config: Any, optimizer: torch.optim.Optimizer, num_training_
             "optcore.build_optimizer(...) first.",
             problems=[("optimizer", "not a torch.optim.Optimizer")],
         )
-    spec, kwargs = validate_scheduler_config(config, num_training_steps)
+    spec, kwargs = validate_scheduler_config(config, num_training_steps, allow_import_paths=allow_import_paths)
     if spec.name != "pass_through" and any(g.get("lr") is None for g in optimizer.param_groups):
         raise ConfigError(
             f"{type(optimizer).__name__} has no learning rate (lr=None, e.g. Adafactor in relative-step mode "
@@ -282,14 +288,14 @@ def _restore(optimizer: torch.optim.Optimizer, saved: list[dict[str, Any]]) -> N
 
 
 def validate_scheduler_config(
-    config: Any, num_training_steps: int | None = None
+    config: Any, num_training_steps: int | None = None, *, allow_import_paths: bool | None = None
 ) -> tuple[SchedulerSpec, dict[str, Any]]:
     """Resolve and validate a scheduler config without building anything
     (``optcore check`` uses it): the spec and the keyword arguments the
     schedule would be built with, or a :class:`ConfigError` naming every bad
     field (nested ``SequentialLR``/``ChainedScheduler`` configs included)."""
     cfg = _scheduler_config(config)
-    spec = resolve_scheduler(cfg.pop("type"))
+    spec = resolve_scheduler(cfg.pop("type"), allow_import_paths=allow_import_paths)
     problems: list[tuple[str, str]] = []
     values = _normalise_keys(spec, cfg, _run_length(num_training_steps, problems), problems)
     kwargs = validate_hparams(spec.schema, values, spec.name, problems)
