@@ -154,13 +154,14 @@ _IGNORED_ARGS = {
 }
 
 
-def _warn_unused_training_args(args: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Say which TrainingArguments were set but lose to the optcore config."""
+def _warn_unused_training_args(args: Any, optimizer: torch.optim.Optimizer, ignore: tuple[str, ...] = ()) -> None:
+    """Say which TrainingArguments were set but lose to the optcore config
+    (``ignore``: fields that carry the config itself, like swift's optim_args)."""
     defaults = {f.name: f.default for f in dataclasses.fields(type(args))} if dataclasses.is_dataclass(args) else {}
     effective = getattr(_unwrap.unwrap(optimizer), "optimizer_config", {}) or {}
     lines = []
     for name, replacement in _IGNORED_ARGS.items():
-        if name not in defaults or not hasattr(args, name):
+        if name in ignore or name not in defaults or not hasattr(args, name):
             continue
         value, default = getattr(args, name), defaults[name]
         if value == default or (name == "optim" and str(value) == str(default)):
