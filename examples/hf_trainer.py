@@ -1,10 +1,11 @@
 """Train with the Hugging Face ``Trainer`` and an optimizer chosen by an optcore config.
 
-The one-liner: ``optcore.build`` returns ``(optimizer, scheduler)``, which is
-exactly what ``Trainer(optimizers=...)`` takes::
+The one-liner: :func:`optcore.integrations.hf.optimizers` returns
+``(optimizer, scheduler)`` from one optcore config, which is exactly what
+``Trainer(optimizers=...)`` takes (the schedule's length is ``args.max_steps``)::
 
-    trainer = Trainer(model, args, train_dataset=data,
-                      optimizers=optcore.build(config, model, num_training_steps=args.max_steps))
+    from optcore.integrations import hf
+    trainer = Trainer(model, args, train_dataset=data, optimizers=hf.optimizers(config, model, args))
 
 optcore puts biases and norm weights in a ``weight_decay=0`` group itself
 (as the Trainer would), validates every hyper-parameter, and the optimizer is
@@ -13,11 +14,15 @@ wrapping and checkpointing work unchanged.
 
 To let the Trainer build the optimizer itself (after it has moved or wrapped
 the model) and keep its own ``lr_scheduler_type`` / ``warmup_steps``, give
-``optimizer_cls_and_kwargs`` a factory: transformers 5 calls
-``factory()(model, **kwargs)`` for anything that is not an optimizer class::
+``optimizer_cls_and_kwargs`` optcore's factory and the optimizer config::
 
     trainer = Trainer(model, args, train_dataset=data,
-                      optimizer_cls_and_kwargs=(optcore_factory, {"type": "optcore-lion:Lion", "lr": 3e-4}))
+                      optimizer_cls_and_kwargs=hf.optimizer_cls_and_kwargs({"type": "optcore-lion:Lion", "lr": 3e-4}))
+
+The optcore config wins over ``TrainingArguments.learning_rate`` /
+``weight_decay`` / ``adam_*`` (``hf.optimizers`` warns when they were set).
+Adafactor in relative-step mode (no ``lr``) logs the step size it applies as
+``learning_rate`` (:func:`train_adafactor_relative_step`).
 
 Needs ``pip install "optcore[hf]"`` (transformers and accelerate) and, for
 Lion, ``pip install optcore-lion``. Nothing is downloaded: the model is built
@@ -29,13 +34,12 @@ Run: ``python examples/hf_trainer.py``
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-import optcore
+from optcore.integrations import hf
 
 CONFIG = {
     "optimizer": {"type": "optcore-lion:Lion", "lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.1},
@@ -66,7 +70,7 @@ class RepeatingTokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def training_args(output_dir: str, steps: int) -> TrainingArguments:
+def training_args(output_dir: str, steps: int, **overrides: Any) -> TrainingArguments:
     return TrainingArguments(
         output_dir=output_dir,
         max_steps=steps,
@@ -77,6 +81,7 @@ def training_args(output_dir: str, steps: int) -> TrainingArguments:
         logging_steps=1,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **overrides,
     )
 
 
@@ -87,15 +92,10 @@ def train_with_optimizers(output_dir: str, steps: int = 6, config: dict[str, Any
         model,
         args,
         train_dataset=RepeatingTokens(),
-        optimizers=optcore.build(config, model, num_training_steps=args.max_steps),
+        optimizers=hf.optimizers(config, model, args),
     )
     trainer.train()
     return trainer
-
-
-def optcore_factory() -> Callable[..., torch.optim.Optimizer]:
-    """For ``optimizer_cls_and_kwargs``: the Trainer calls ``optcore_factory()(model, **config)``."""
-    return lambda model, **config: optcore.build_optimizer(config, model)
 
 
 def train_with_factory(output_dir: str, steps: int = 6, optimizer: dict[str, Any] = CONFIG["optimizer"]) -> Trainer:
@@ -104,15 +104,28 @@ def train_with_factory(output_dir: str, steps: int = 6, optimizer: dict[str, Any
         tiny_model(),
         training_args(output_dir, steps),
         train_dataset=RepeatingTokens(),
-        optimizer_cls_and_kwargs=(optcore_factory, dict(optimizer)),
+        optimizer_cls_and_kwargs=hf.optimizer_cls_and_kwargs(optimizer),
     )
+    trainer.train()
+    return trainer
+
+
+def train_adafactor_relative_step(output_dir: str, steps: int = 6) -> Trainer:
+    """Adafactor computing its own step size: the Trainer logs the lr it applies, not ``None``."""
+    model, args = tiny_model(), training_args(output_dir, steps)
+    config = {"type": "optcore-adafactor:Adafactor"}  # lr unset: relative_step=True
+    trainer = Trainer(model, args, train_dataset=RepeatingTokens(), optimizers=hf.optimizers(config, model, args))
     trainer.train()
     return trainer
 
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as out:
-        for train in (train_with_optimizers, train_with_factory):
+        for train in (train_with_optimizers, train_with_factory, train_adafactor_relative_step):
             trainer = train(out, steps=20)
             losses = [round(e["loss"], 3) for e in trainer.state.log_history if "loss" in e]
-            print(f"{train.__name__}: {type(trainer.optimizer.optimizer).__name__}, losses {losses[0]} -> {losses[-1]}")
+            lrs = [e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e]
+            print(
+                f"{train.__name__}: {type(trainer.optimizer.optimizer).__name__}, "
+                f"losses {losses[0]} -> {losses[-1]}, lr {lrs[0]:.2e} -> {lrs[-1]:.2e}"
+            )

@@ -2,17 +2,21 @@
 
 The optimizer config is a hyper-parameter of the module, so it is saved in
 the checkpoint and logged like any other; ``configure_optimizers`` builds
-from it::
+from it with :func:`optcore.integrations.lightning.configure_optimizers`::
+
+    from optcore.integrations import lightning as optcore_lightning
 
     def configure_optimizers(self):
-        optimizer, scheduler = optcore.build(self.hparams.optim, self,
-                                             num_training_steps=self.trainer.estimated_stepping_batches)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return optcore_lightning.configure_optimizers(self, self.hparams.optim)
 
+which returns ``{"optimizer": ..., "lr_scheduler": {"scheduler": ..., "interval": "step"}}``
+with the schedule's length from ``trainer.estimated_stepping_batches``.
 ``"interval": "step"`` because optcore's named schedules (``cosine``,
 ``linear``, ...) count optimizer steps, as transformers' do; Lightning's
 default would step them once per epoch. Lightning calls
 ``optimizer.step(closure)``, which every optcore optimizer accepts.
+``self.optimizers()`` is Lightning's wrapper; ``optcore.unwrap(self.optimizers())``
+is the optcore optimizer (``get_lr()``, ``clip_grad_norm()``, ...).
 
 Needs ``pip install "optcore[lightning]"`` (``lightning`` or
 ``pytorch-lightning``). Run: ``python examples/lightning_module.py``
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 
 import optcore
+from optcore.integrations import lightning as optcore_lightning
 
 try:  # the unified package ...
     import lightning.pytorch as pl
@@ -55,12 +60,7 @@ class Regressor(pl.LightningModule):
         return loss
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer, scheduler = optcore.build(
-            self.hparams.optim, self, num_training_steps=int(self.trainer.estimated_stepping_batches)
-        )
-        if scheduler is None:
-            return {"optimizer": optimizer}
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return optcore_lightning.configure_optimizers(self, self.hparams.optim)
 
 
 def data(n: int = 256, seed: int = 0) -> torch.utils.data.DataLoader:
@@ -70,7 +70,13 @@ def data(n: int = 256, seed: int = 0) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True, generator=g)
 
 
-def train(root_dir: str, max_steps: int = 40, optim: dict[str, Any] = CONFIG, **trainer_kwargs: Any) -> pl.Trainer:
+def train(
+    root_dir: str,
+    max_steps: int = 40,
+    optim: dict[str, Any] = CONFIG,
+    module: type[Regressor] = Regressor,
+    **trainer_kwargs: Any,
+) -> pl.Trainer:
     options: dict[str, Any] = {
         "accelerator": "cpu",
         "devices": 1,
@@ -82,13 +88,13 @@ def train(root_dir: str, max_steps: int = 40, optim: dict[str, Any] = CONFIG, **
     }
     trainer = pl.Trainer(max_steps=max_steps, default_root_dir=root_dir, **options)
     torch.manual_seed(0)
-    trainer.fit(Regressor(optim), data())
+    trainer.fit(module(optim), data())
     return trainer
 
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as root:
         trainer = train(root, max_steps=80, enable_progress_bar=True)
-        optimizer = trainer.optimizers[0]
+        optimizer = optcore.unwrap(trainer.optimizers[0])
         loss = float(trainer.callback_metrics["loss"])
         print(f"{type(optimizer).__name__}: final loss {loss:.4f}, lr at the end {optimizer.get_lr():.2e}")

@@ -29,6 +29,12 @@ def unwrap(optimizer: Any) -> Any:
     seen: list[str] = []
     current = optimizer
     for _ in range(8):  # wrappers nest a few deep at most (Lightning -> accelerate -> optcore)
+        imitated = vars(current).get("_optimizer") if hasattr(current, "__dict__") else None
+        if imitated is not None and imitated is not current:
+            # LightningOptimizer subclasses the class it wraps (isinstance holds) but not its state
+            seen.append(type(current).__name__)
+            current = imitated
+            continue
         if isinstance(current, ContractMixin):
             return current
         seen.append(type(current).__name__)
