@@ -1,5 +1,9 @@
 """Every optimizer that resolves here runs through the shared conformance kit.
 
+Every check runs in every parameter dtype the kit knows (``optcore.testing.DTYPES``);
+an optimizer runs in the ones its ``ConformanceInputs.dtypes`` declare (fp32 and
+fp64 by default), the rest are skipped by the kit with the reason.
+
 Third-party classes that break a check upstream are listed in
 ``KNOWN_UPSTREAM_FAILURES`` with the reason (and marked xfail, strict, so a fix
 upstream is noticed); there are no per-name special cases in the checks.
@@ -10,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 import optcore
-from optcore.testing import CHECKS, run_check
+from optcore.testing import CHECKS, DTYPES, run_check
 
 
 
@@ -38,18 +42,21 @@ KNOWN_UPSTREAM_FAILURES: dict[tuple[str, str], str] = {
 }
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("check", list(CHECKS))
 @pytest.mark.parametrize("spec", _specs(), ids=lambda s: s.qualified)
-def test_conformance(spec, check):
+def test_conformance(spec, check, dtype):
     try:
         spec.target
     except optcore.PluginLoadError as exc:
         pytest.skip(f"{spec.qualified} does not import here: {exc.cause}")
     if getattr(spec.target, "wraps_optimizer", False):
         pytest.skip("wrappers are checked with an inner optimizer in their own tests")
-    reason = KNOWN_UPSTREAM_FAILURES.get((spec.qualified, check))
+    reason = KNOWN_UPSTREAM_FAILURES.get((spec.qualified, check, dtype)) or KNOWN_UPSTREAM_FAILURES.get(
+        (spec.qualified, check)
+    )
     if reason:
         with pytest.raises(Exception):  # noqa: B017 - any failure; a pass means upstream fixed it
-            run_check(check, spec.qualified)
+            run_check(check, spec.qualified, dtype=dtype)
         pytest.xfail(reason)
-    run_check(check, spec.qualified)
+    run_check(check, spec.qualified, dtype=dtype)
