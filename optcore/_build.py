@@ -116,7 +116,9 @@ def _validate_group(spec: OptimizerSpec, kwargs: dict[str, Any], group: dict[str
             raise ConfigError(f"lr_scale must be a non-negative number, got {scale!r}.", problems=[("lr_scale", "bad")])
         base = group.get("lr", kwargs.get("lr"))
         if base is not None:
-            group["lr"] = float(base) * float(scale)
+            group["lr"] = base * scale if isinstance(base, torch.Tensor) else float(base) * float(scale)
+    if isinstance(group.get("lr", kwargs.get("lr")), torch.Tensor):  # each group fills its own lr tensor
+        group["lr"] = group.get("lr", kwargs.get("lr")).detach().clone()
     return group
 
 

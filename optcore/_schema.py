@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Annotated, Any, get_type_hints
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WrapValidator, create_model
 
 from ._errors import ConfigError
 
@@ -75,7 +75,21 @@ def parse_optim_args(text: str) -> dict[str, Any]:
 
 # Field types shared by schemas, so constraints read the same everywhere.
 Literalish = BeforeValidator(parse_literal)
-LR = Annotated[float, Field(ge=0.0, description="learning rate"), Literalish]
+def _keep_tensor_lr(value: Any, handler: Any) -> Any:
+    """A 0-dim floating tensor stays a tensor (torch.compile + LR schedulers rely
+    on it: the scheduler fills it in place, so the compiled step is not recompiled)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 0 or not value.is_floating_point():
+            raise ValueError(f"a tensor learning rate must be a 0-dim floating tensor, got shape {tuple(value.shape)} {value.dtype}")
+        if not bool(value >= 0):
+            raise ValueError(f"learning rate must be >= 0, got {value.item()}")
+        return value
+    return handler(value)
+
+
+LR = Annotated[float, Field(ge=0.0, description="learning rate"), Literalish, WrapValidator(_keep_tensor_lr)]
 Beta = Annotated[float, Field(ge=0.0, lt=1.0), Literalish]
 Betas = Annotated[tuple[Beta, Beta], Field(description="coefficients of the running averages"), Literalish]
 Eps = Annotated[float, Field(ge=0.0, description="term added for numerical stability"), Literalish]
