@@ -24,6 +24,8 @@ import optcore
 _FAST = [s.name for s in optcore.list_optimizers(all=True) if s.source == "torch" and s.name not in {"SparseAdam", "LBFGS"}]
 TORCH_NAMES = _FAST + [pytest.param("LBFGS", marks=pytest.mark.slow)]
 PLUGINS = ["optcore-lion:Lion", "optcore-adafactor:Adafactor", "optcore-adascale:AdaScaleSGD"]
+#: Config (and backward passes per step) a plugin needs in one process.
+PLUGIN_CONFIG = {"optcore-adascale:AdaScaleSGD": ({"num_gradients_to_accumulate": 2}, 2)}
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -31,14 +33,15 @@ def _model(seed: int = 0) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False), torch.nn.Tanh(), torch.nn.Linear(6, 2, bias=False))  # Muon: matrices only
 
 
-def _steps(opt: torch.optim.Optimizer, model: torch.nn.Module, step, n: int = 2) -> None:
+def _steps(opt: torch.optim.Optimizer, model: torch.nn.Module, step, n: int = 2, accumulate: int = 1) -> None:
     for i in range(n):
         x = torch.randn(8, 4, generator=torch.Generator().manual_seed(i))
 
         def closure() -> torch.Tensor:
             opt.zero_grad()
-            loss = model(x).pow(2).mean()
-            loss.backward()
+            for chunk in x.chunk(accumulate):
+                loss = model(chunk).pow(2).mean() / accumulate
+                loss.backward()
             return loss
 
         if getattr(opt, "_passes_closure", False) or isinstance(opt, torch.optim.LBFGS):
@@ -123,18 +126,50 @@ def test_tensor_lr_and_a_scheduler_compile_once(fused: bool | None) -> None:
         torch.testing.assert_close(p, q)
 
 
+_PLUGIN_SCRIPT = """
+import copy, sys, torch, optcore
+sys.path.insert(0, {tests!r})
+from test_compile import _model, _steps
+config, accumulate = {config!r}, {accumulate!r}
+model = _model()
+eager_model = copy.deepcopy(model)
+opt = optcore.build_optimizer(config, list(model.parameters()))
+eager = optcore.build_optimizer(config, list(eager_model.parameters()))
+_steps(opt, model, torch.compile(opt.step, backend="eager"), n=3, accumulate=accumulate)
+_steps(eager, eager_model, eager.step, n=3, accumulate=accumulate)
+for p, q in zip(model.parameters(), eager_model.parameters()):
+    torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+print("MATCHES-EAGER")
+"""
+
+#: Plugin-side failures under torch.compile (the plugin helpers own the fix); strict,
+#: so a fix is noticed.
+PLUGIN_COMPILE_FAILURES = {
+    "optcore-adafactor:Adafactor": "the process aborts inside dynamo while tracing the C-kernel path "
+    "(optcore_adafactor._kernels.factored_second_moment_)",
+}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("qualified", PLUGINS)
 def test_plugin_optimizers_compile_and_match_eager(qualified: str) -> None:
+    """In a child process: a plugin whose compiled step crashes must not take the
+    test session with it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     try:
         optcore.resolve(qualified).target
     except (optcore.OptimizerNotFoundError, optcore.PluginLoadError) as exc:
         pytest.skip(f"{qualified} is not installed here: {exc}")
-    model = _model()
-    eager_model = copy.deepcopy(model)
-    opt = optcore.build_optimizer({"type": qualified}, list(model.parameters()))
-    eager = optcore.build_optimizer({"type": qualified}, list(eager_model.parameters()))
-    torch._dynamo.reset()
-    _steps(opt, model, torch.compile(opt.step, backend="eager"), n=3)
-    _steps(eager, eager_model, eager.step, n=3)
-    for p, q in zip(model.parameters(), eager_model.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    extra, accumulate = PLUGIN_CONFIG.get(qualified, ({}, 1))
+    script = _PLUGIN_SCRIPT.format(tests=str(Path(__file__).parent), config={"type": qualified, **extra}, accumulate=accumulate)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=os.environ.copy())
+    ok = run.returncode == 0 and "MATCHES-EAGER" in run.stdout
+    reason = PLUGIN_COMPILE_FAILURES.get(qualified)
+    if reason:
+        assert not ok, f"{qualified} now compiles and matches eager: drop it from PLUGIN_COMPILE_FAILURES"
+        pytest.xfail(reason)
+    assert ok, f"compiled {qualified} failed (exit {run.returncode}):\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"

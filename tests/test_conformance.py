@@ -38,7 +38,7 @@ _KRON_RANDOM = (
 KNOWN_UPSTREAM_FAILURES: dict[tuple[str, str], str] = {
     ("pytorch_optimizer:AdaFactor", "contract"): _ADAFACTOR_GET_LR,
     ("pytorch_optimizer:AdaFactor", "lr_scheduler"): _ADAFACTOR_GET_LR,
-    **{("pytorch_optimizer:Kron", c): _KRON_RANDOM for c in ("state_dict_roundtrip", "step_with_scale", "closure", "deepcopy")},
+    **{("pytorch_optimizer:Kron", c): _KRON_RANDOM for c in ("state_dict_roundtrip", "state_dict_checks", "step_with_scale", "closure", "deepcopy")},
 }
 
 

@@ -81,6 +81,8 @@ _PACKAGE_INPUTS: dict[str, ConformanceInputs] = {
     "pytorch_optimizer:DAdaptSGD": ConformanceInputs(config={"lr": 1.0}),
     "pytorch_optimizer:DAdaptAdam": ConformanceInputs(config={"lr": 1.0}),
     "pytorch_optimizer:Prodigy": ConformanceInputs(config={"lr": 1.0}),
+    # FAdam builds fp32 tensors internally (torch.lerp(..., end=fp32)) and fails on fp64 params.
+    "pytorch_optimizer:FAdam": ConformanceInputs(dtypes=("float32",)),
 }
 
 
