@@ -267,3 +267,18 @@ def test_capturable_is_passed_through(model):
     opt = optcore.build_optimizer({"type": "Adam", "capturable": True, "lr": torch.tensor(1e-2)}, model)
     assert all(g["capturable"] and not g["fused"] for g in opt.param_groups)
     assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)
+
+
+# ------------------------------------------------------ capabilities, once
+@pytest.mark.parametrize("name", ["AdamW", "SGD", "RMSprop", "Adafactor", "LBFGS", "pytorch_optimizer:Magma", "optcore-lion:Lion"])
+def test_spec_capabilities_are_the_built_optimizers_flags(model, name):
+    """One computation (optcore._adapt.capabilities) behind both the spec's
+    record and the adapted class: they cannot disagree."""
+    spec = optcore.resolve(name)
+    try:
+        spec.target
+    except optcore.PluginLoadError:
+        pytest.skip(f"{name} does not import here")
+    params = list(model.parameters()) if name == "LBFGS" else model
+    opt = optcore.build_optimizer({"type": name}, params)
+    assert spec.capabilities.as_dict() == {flag: getattr(opt, flag) for flag in spec.capabilities.as_dict()}
