@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._contract import ContractMixin, grad_scale_tensor
+from ._contract import ContractMixin, grad_scale_tensor, param_groups_assignable
 
 _cache: dict[type, type] = {}
 _lock = threading.Lock()
@@ -50,6 +50,66 @@ class _FusedScaleMixin(ContractMixin):
                 self.grad_scale = previous
 
 
+def _class_flags(
+    cls: type, flat_params: bool | None, groups: bool | None, memory_efficient_fp16: bool
+) -> dict[str, Any]:
+    """The capability attributes of the adapted ``cls``: what is *true* of it.
+
+    For torch classes they come from optcore's table; other classes default to
+    False (no flat params, no memory-efficient fp16, no group selection: D-Adaptation,
+    Prodigy and Adai pool statistics over all groups) unless the class declares
+    them. A read-only ``param_groups`` (wrappers) rules out group selection.
+    """
+    from ._torch_facts import PASSES_CLOSURE, SINGLE_GROUP, TORCH_FACTS
+
+    is_torch = cls.__module__.startswith("torch.optim") and cls.__name__ in TORCH_FACTS
+    pointwise, takes_grad_scale = TORCH_FACTS[cls.__name__] if is_torch else (False, False)
+    flat = getattr(cls, "supports_flat_params", pointwise) if flat_params is None else flat_params
+    if groups is None:
+        groups = cls.__name__ not in SINGLE_GROUP if is_torch else getattr(cls, "supports_groups", False)
+    reason = getattr(cls, "flat_params_unsupported_reason", "") or (
+        ""
+        if (pointwise if flat_params is None else flat_params)
+        else f"{cls.__name__}'s update is not known to be pointwise (it may use each parameter's "
+        "shape, as factored or orthogonalised updates do), so it must see the parameters one by one"
+    )
+    return {
+        "supports_flat_params": flat,
+        "supports_groups": bool(groups) and param_groups_assignable(cls),
+        "supports_memory_efficient_fp16": getattr(cls, "supports_memory_efficient_fp16", memory_efficient_fp16),
+        "_passes_closure": is_torch and cls.__name__ in PASSES_CLOSURE,
+        "flat_params_unsupported_reason": reason,
+        "_takes_grad_scale": takes_grad_scale,
+    }
+
+
+def capabilities(target: type) -> dict[str, bool]:
+    """The contract's four capability flags of ``target``, as true of its default
+    build (the one place they are computed: :func:`adapt` sets them on the class,
+    ``OptimizerSpec.capabilities`` reports them). ``step_with_scale`` is true of
+    torch classes whose default (fused) kernel takes ``grad_scale``, and of
+    classes that declare it as a plain ``True``."""
+    cls = adapt(target)
+
+    def flag(name: str, default: bool) -> bool:
+        value = inspect.getattr_static(cls, name, default)
+        return value if isinstance(value, bool) else default  # a property: judged per instance
+
+    return {
+        "memory_efficient_fp16": flag("supports_memory_efficient_fp16", False),
+        "step_with_scale": issubclass(cls, _FusedScaleMixin) or flag("supports_step_with_scale", False),
+        "flat_params": flag("supports_flat_params", False),
+        "groups": flag("supports_groups", True),
+    }
+
+
+def _unhooked(func: Any) -> Any:
+    """``func`` without torch's ``profile_hook_step`` wrapper(s)."""
+    while getattr(func, "hooked", False) and hasattr(func, "__wrapped__"):
+        func = func.__wrapped__
+    return func
+
+
 def adapt(
     cls: type[torch.optim.Optimizer],
     *,
@@ -57,45 +117,24 @@ def adapt(
     groups: bool | None = None,
     memory_efficient_fp16: bool = False,
 ) -> type:
-    """The contract-carrying subclass of ``cls`` (cached per class).
-
-    The capability flags are what is *true* of ``cls``: for torch classes they
-    come from optcore's table; for other classes they default to False (no
-    flat params, no memory-efficient fp16) unless the class declares them, and
-    True for groups (the adapter implements group selection itself).
-    """
+    """The contract-carrying subclass of ``cls`` (cached per class), with the
+    capability flags :func:`_class_flags` finds true of it."""
     if issubclass(cls, ContractMixin):
         return cls
     with _lock:
         cached = _cache.get(cls)
         if cached is not None:
             return cached
-        from ._torch_facts import PASSES_CLOSURE, SINGLE_GROUP, TORCH_FACTS
-
-        is_torch = cls.__module__.startswith("torch.optim") and cls.__name__ in TORCH_FACTS
-        pointwise, takes_grad_scale = TORCH_FACTS[cls.__name__] if is_torch else (False, False)
-        mixin: type = _FusedScaleMixin if takes_grad_scale else ContractMixin
+        flags = _class_flags(cls, flat_params, groups, memory_efficient_fp16)
+        mixin: type = _FusedScaleMixin if flags.pop("_takes_grad_scale") else ContractMixin
         namespace: dict[str, Any] = {
             "__module__": __name__,
             "__qualname__": _public_name(cls),
             "__doc__": cls.__doc__,
-            "supports_flat_params": getattr(cls, "supports_flat_params", pointwise)
-            if flat_params is None
-            else flat_params,
-            # Outside torch we cannot vouch that groups are independent (D-Adaptation,
-            # Prodigy and Adai pool statistics over all groups), so a class must say so.
-            "supports_groups": (cls.__name__ not in SINGLE_GROUP if is_torch else getattr(cls, "supports_groups", False))
-            if groups is None
-            else groups,
-            "supports_memory_efficient_fp16": getattr(cls, "supports_memory_efficient_fp16", memory_efficient_fp16),
-            "_passes_closure": is_torch and cls.__name__ in PASSES_CLOSURE,
-            "flat_params_unsupported_reason": getattr(cls, "flat_params_unsupported_reason", "")
-            or (
-                ""
-                if (pointwise if flat_params is None else flat_params)
-                else f"{cls.__name__}'s update is not known to be pointwise (it may use each parameter's "
-                "shape, as factored or orthogonalised updates do), so it must see the parameters one by one"
-            ),
+            **flags,
+            # Looked up once here, not per step: torch.compile cannot trace
+            # ``super().step.__func__`` (five graph breaks for AdamW).
+            "_original_step": staticmethod(_unhooked(inspect.getattr_static(cls, "step"))),
             "adapted_from": cls,
         }
         # A member the class already defines for its own use (pytorch_optimizer's

@@ -10,6 +10,7 @@ unchanged, and the adapter costs one Python call per step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -36,17 +37,28 @@ def by_device_and_dtype(tensors: Iterable[Tensor]) -> dict[tuple[torch.device, t
     return buckets
 
 
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """fp32, or the grads' own precision when it is higher (fp64); None for
+    non-floating grads (complex), whose norm torch computes in their precision."""
+    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else None
+
+
 def total_grad_norm(grads: Sequence[Tensor]) -> Tensor:
-    """The 2-norm of all ``grads`` together, accumulated in fp32 (an fp16 grad
-    whose norm exceeds 65504 is not an overflow), one fused call per bucket."""
+    """The 2-norm of all ``grads`` together, one fused call per bucket.
+
+    Accumulated in at least fp32 (an fp16 grad whose norm exceeds 65504 is not
+    an overflow) and in the grads' own precision when higher: fp64 grads get an
+    fp64 norm, as ``torch.nn.utils.get_total_norm`` gives."""
     if not grads:
         return torch.zeros(())
-    norms = [
-        torch.linalg.vector_norm(torch.stack(torch._foreach_norm(bucket, 2.0, dtype=torch.float32)), 2.0)
-        for bucket in by_device_and_dtype(grads).values()
-    ]
+    norms = []
+    for (_, dtype), bucket in by_device_and_dtype(grads).items():
+        acc = _accumulation_dtype(dtype)
+        per_tensor = torch._foreach_norm(bucket, 2.0) if acc is None else torch._foreach_norm(bucket, 2.0, dtype=acc)
+        norms.append(torch.linalg.vector_norm(torch.stack(per_tensor), 2.0))
     first = norms[0].device
-    return torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
+    dtype = functools.reduce(torch.promote_types, (n.dtype for n in norms))
+    return torch.linalg.vector_norm(torch.stack([n.to(first, dtype) for n in norms]), 2.0)
 
 
 class ContractMixin:
@@ -85,27 +97,31 @@ class ContractMixin:
             config["lr"] = self.get_lr()
         return config
 
-    def get_lr(self) -> float:
+    def get_lr(self) -> float | Tensor:
         """The base learning rate: the first group's ``lr`` divided by its
         ``lr_scale`` (1 unless layer-wise scaling is configured), so that
-        ``set_lr(get_lr())`` changes nothing."""
+        ``set_lr(get_lr())`` changes nothing. A tensor ``lr`` (the
+        torch.compile + LR-scheduler recipe) comes back as a tensor (a copy)."""
         group = self.param_groups[0]
-        lr = group["lr"]
-        lr = float(lr.item()) if isinstance(lr, Tensor) else float(lr)
-        return lr / float(group.get("lr_scale", 1.0))
+        lr, scale = group["lr"], group.get("lr_scale", 1.0)
+        if isinstance(lr, Tensor):
+            return lr.detach().clone() if scale == 1.0 else lr.detach() / scale
+        return float(lr) / float(scale)
 
-    def get_lrs(self) -> list[float]:
-        """The learning rate of every group, as stored (``lr_scale`` applied)."""
-        return [float(g["lr"].item() if isinstance(g["lr"], Tensor) else g["lr"]) for g in self.param_groups]
+    def get_lrs(self) -> list[float | Tensor]:
+        """The learning rate of every group, as stored (``lr_scale`` applied;
+        tensors stay tensors)."""
+        return [g["lr"] if isinstance(g["lr"], Tensor) else float(g["lr"]) for g in self.param_groups]
 
-    def set_lr(self, lr: float | Sequence[float]) -> None:
-        """Set the learning rate: one number sets every group to
-        ``lr * group['lr_scale']`` (keeping layer-wise ratios); a sequence gives
-        each group its own value."""
+    def set_lr(self, lr: float | Tensor | Sequence[float | Tensor]) -> None:
+        """Set the learning rate: one number (or 0-dim tensor) sets every group
+        to ``lr * group['lr_scale']`` (keeping layer-wise ratios); a sequence
+        gives each group its own value. A group whose ``lr`` is a tensor keeps
+        that tensor and is filled in place (compiled steps see no new value)."""
         if isinstance(lr, (int, float)) or (isinstance(lr, Tensor) and lr.ndim == 0):
-            values = [float(lr) * float(g.get("lr_scale", 1.0)) for g in self.param_groups]
+            values = [lr * g.get("lr_scale", 1.0) if g.get("lr_scale", 1.0) != 1.0 else lr for g in self.param_groups]
         else:
-            values = [float(v) for v in lr]
+            values = list(lr)
             if len(values) != len(self.param_groups):
                 raise ConfigError(
                     f"set_lr got {len(values)} learning rates for {len(self.param_groups)} param groups; "
@@ -113,9 +129,9 @@ class ContractMixin:
                 )
         for group, value in zip(self.param_groups, values):
             if isinstance(group["lr"], Tensor):
-                group["lr"].fill_(value)
+                group["lr"].fill_(value.detach() if isinstance(value, Tensor) else value)
             else:
-                group["lr"] = value
+                group["lr"] = float(value)
 
     # --------------------------------------------------------------- gradients
     def backward(self, loss: Tensor) -> None:
@@ -188,6 +204,9 @@ class ContractMixin:
 
     #: Classes whose ``step`` must call the closure itself (LBFGS re-evaluates it).
     _passes_closure: ClassVar[bool] = False
+    #: The adapted class's own ``step``, without torch's profiling wrapper (set by
+    #: :func:`optcore._adapt.adapt`; a plain attribute so torch.compile traces it).
+    _original_step: ClassVar[Callable[..., Any] | None] = None
 
     def step(  # type: ignore[override]
         self,
@@ -201,7 +220,15 @@ class ContractMixin:
         first (so ``scale`` applies to the gradients it produced); ``scale`` is
         folded into torch's fused kernels through their ``grad_scale`` input where
         they have one, and applied as one multiply over the gradients otherwise.
+        A plain ``step()`` is the class's own step and nothing else (one call, so
+        torch.compile sees the graph breaks torch's optimizer has, and no more).
         """
+        original = self._original_step
+        if scale == 1.0 and groups is None and original is not None and (closure is None or self._passes_closure):
+            return original(self, closure)
+        return self._contract_step(closure, scale, groups)
+
+    def _contract_step(self, closure: Callable[[], float] | None, scale: float, groups: GroupSelector) -> float | None:
         if self._passes_closure:
             if scale != 1.0 or groups is not None:
                 raise ConfigError(
@@ -209,39 +236,54 @@ class ContractMixin:
                     "scale= or groups=; unscale the loss in the closure instead."
                 )
             return self._base_step(closure)
-        if groups is not None and not self.supports_groups:
-            raise ConfigError(
-                f"{type(self).__name__} does not support step(groups=...): its update may couple param groups "
-                "(or optcore cannot vouch that it does not). Step all groups, or use an optimizer whose "
-                "supports_groups is True."
-            )
+        if groups is not None:
+            self._check_groups_supported()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if groups is None:
+            self._scaled_step(scale)
+            return loss
         saved_groups = self.param_groups
-        if groups is not None:
-            self.param_groups = self._select_groups(groups)
+        self.param_groups = self._select_groups(groups)
         try:
-            if scale != 1.0 and not self._folds_scale():
-                self.multiply_grads(1.0 / scale)
-                scale = 1.0
-            if scale != 1.0:
-                self._step_with_grad_scale(scale)
-            else:
-                self._base_step(None)
+            self._scaled_step(scale)
         finally:
             self.param_groups = saved_groups
         return loss
 
+    def _check_groups_supported(self) -> None:
+        if self.supports_groups and param_groups_assignable(type(self)):
+            return
+        if not param_groups_assignable(type(self)):
+            why = (
+                "its param_groups is a read-only property (it wraps another optimizer or derives its groups), "
+                "so optcore cannot restrict a step to some of them"
+            )
+        else:
+            why = "its update may couple param groups (or optcore cannot vouch that it does not)"
+        raise ConfigError(
+            f"{type(self).__name__} does not support step(groups=...): {why}. Step all groups, or use an "
+            "optimizer whose supports_groups is True."
+        )
+
+    def _scaled_step(self, scale: float) -> None:
+        if scale != 1.0 and not self._folds_scale():
+            self.multiply_grads(1.0 / scale)
+            scale = 1.0
+        if scale != 1.0:
+            self._step_with_grad_scale(scale)
+        else:
+            self._base_step(None)
+
     def _base_step(self, closure: Callable[[], float] | None) -> float | None:
         """The adapted class's own ``step``, without torch's profiling wrapper
         (our class already carries one; running the step hooks twice would be a bug)."""
-        base = super().step  # type: ignore[misc]
-        func = getattr(base, "__func__", None)
-        if func is not None and getattr(func, "hooked", False):
-            return func.__wrapped__(self, closure)
-        return base(closure)
+        original = self._original_step
+        if original is None:  # a ContractMixin subclass not made by adapt()
+            return super().step(closure)  # type: ignore[misc]
+        return original(self, closure)
 
     # Adapted classes whose fused kernels take ``grad_scale`` override these.
     def _folds_scale(self) -> bool:
@@ -261,13 +303,41 @@ class ContractMixin:
         state.pop("step", None)
         return state
 
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """torch's state dict, plus ``"optcore": {"name", "provider", "version",
+        "param_shapes"}`` when built by optcore: who saved it (so loading it into
+        another optimizer is an error) and the shape of every parameter with state
+        (so loading it over other parameters is an error, not a crash)."""
+        state_dict = super().state_dict()  # type: ignore[misc]
+        spec = getattr(self, "optcore_spec", None)
+        if spec is None or not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
+            return state_dict
+        shapes: dict[int, list[int]] = {}
+        for saved, group in zip(state_dict["param_groups"], self.param_groups):
+            for index, param in zip(saved.get("params", ()), group["params"]):
+                if index in state_dict.get("state", {}):
+                    shapes[index] = list(param.shape)
+        state_dict["optcore"] = {
+            "name": spec.name, "provider": spec.provider, "version": _version_text(spec.version), "param_shapes": shapes,
+        }
+        return state_dict
+
     def load_state_dict(  # type: ignore[override]
         self,
         state_dict: Mapping[str, Any],
         optimizer_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         """Load ``state_dict``, then replace hyper-parameters of every loaded
-        group with ``optimizer_overrides`` (for example a new ``lr`` on resume)."""
+        group with ``optimizer_overrides`` (for example a new ``lr`` on resume).
+
+        Checked first, so a wrong checkpoint changes nothing: state saved by
+        another optimizer, or for parameters of other shapes, is a
+        :class:`ConfigError`; another version of the same optimizer loads with a
+        warning. A plain torch state dict (no ``"optcore"`` entry) loads as in torch.
+        """
+        from ._checkpoint import check_state_dict
+
+        state_dict = check_state_dict(self, state_dict)
         super().load_state_dict(state_dict)  # type: ignore[misc]
         if optimizer_overrides:
             known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
@@ -281,8 +351,8 @@ class ContractMixin:
                 )
             for group in self.param_groups:
                 for key, value in optimizer_overrides.items():
-                    if key == "lr":
-                        value = float(value) * float(group.get("lr_scale", 1.0))
+                    if key == "lr" and group.get("lr_scale", 1.0) != 1.0:
+                        value = value * group["lr_scale"]
                     if isinstance(group.get(key), Tensor) and not isinstance(value, Tensor):
                         group[key].fill_(value)
                     else:
@@ -316,6 +386,7 @@ class ContractMixin:
             for p in g["params"]:
                 tensors.append(p.data)
                 tensors.extend(self._averageable_state(p))
+        _check_ranks_agree(tensors, group)
         for bucket in by_device_and_dtype(tensors).values():
             flat = torch.cat([t.reshape(-1) for t in bucket])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
@@ -325,6 +396,52 @@ class ContractMixin:
                 n = t.numel()
                 t.copy_(flat[offset : offset + n].view_as(t))
                 offset += n
+
+
+def _signature(tensors: Sequence[Tensor]) -> list[int]:
+    """(count, elements, checksum of every dtype and shape) of what a rank averages."""
+    import zlib
+
+    layout = ";".join(f"{t.dtype}{tuple(t.shape)}" for t in tensors).encode()
+    return [len(tensors), sum(t.numel() for t in tensors), zlib.crc32(layout)]
+
+
+def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
+    """Raise the same :class:`ConfigError` on every rank unless all ranks average
+    the same tensors: a flat all-reduce over buffers of different sizes aborts
+    the process (gloo: SIGABRT) instead of failing. One all-gather of three
+    integers per call."""
+    dist = torch.distributed
+    device = tensors[0].device if tensors else torch.device("cpu")
+    if dist.get_backend(group) == "nccl" and device.type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    mine = torch.tensor(_signature(tensors), dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    signatures = [t.tolist() for t in gathered]
+    if any(sig != signatures[0] for sig in signatures):
+        lines = [f"  rank {r}: {n} tensors, {e} elements, layout {c:08x}" for r, (n, e, c) in enumerate(signatures)]
+        raise ConfigError(
+            "average_params: the ranks do not hold the same parameters and optimizer state, so there is "
+            "nothing consistent to average:\n" + "\n".join(lines) + "\n"
+            "Optimizer state appears on the first step: call average_params on every rank after the same "
+            "number of steps, with the same model and optimizer config.",
+            problems=[("average_params", "ranks disagree")],
+        )
+
+
+def _version_text(version: Any) -> str | None:
+    """A plain ``str`` (torch's ``TorchVersion`` would not load with ``weights_only=True``)."""
+    return None if version is None else str.__str__(version)
+
+
+def param_groups_assignable(cls: type) -> bool:
+    """False where ``param_groups`` is a read-only property (wrappers such as
+    Lookahead or ScheduleFreeWrapper expose their inner optimizer's groups)."""
+    import inspect
+
+    attr = inspect.getattr_static(cls, "param_groups", None)
+    return not (isinstance(attr, property) and attr.fset is None)
 
 
 class Optimizer(ContractMixin, torch.optim.Optimizer):

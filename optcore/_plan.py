@@ -233,10 +233,15 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
 
 
 def _apply_lr_scale(group: dict[str, Any], hparams: Mapping[str, Any]) -> None:
+    """``lr = base lr * lr_scale``, keeping the user's type: a tensor lr stays a
+    tensor (torch.compile's recipe), and each group gets its own, since a
+    scheduler fills each group's lr in place."""
+    base = group.get("lr", hparams.get("lr"))
     if "lr_scale" not in group:
+        if isinstance(base, torch.Tensor):
+            group["lr"] = base.detach().clone()
         return
     scale = lr_scale_value(group["lr_scale"])
-    base = group.get("lr", hparams.get("lr"))
     if base is not None:
         group["lr"] = base * scale if isinstance(base, torch.Tensor) else float(base) * float(scale)
 

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from ._adapt import adapt
-from ._torch_facts import TORCH_FACTS
+from ._adapt import capabilities
 
 Source = Literal["torch", "package", "builtin", "plugin", "user"]
 _LOAD_LOCK = threading.RLock()
@@ -106,15 +105,7 @@ class OptimizerSpec:
         target = self.target
         if self.kind != "optimizer" or not isinstance(target, type):
             return Capabilities()
-        cls = adapt(target)
-        fused_scale = self.source == "torch" and TORCH_FACTS.get(self.name, (False, False))[1]
-        step_with_scale = getattr(cls, "supports_step_with_scale", False)
-        return Capabilities(
-            memory_efficient_fp16=bool(getattr(cls, "supports_memory_efficient_fp16", False)),
-            step_with_scale=bool(fused_scale or (step_with_scale is True)),
-            flat_params=bool(getattr(cls, "supports_flat_params", False)),
-            groups=bool(getattr(cls, "supports_groups", True)),
-        )
+        return Capabilities(**capabilities(target))
 
     @property
     def loaded(self) -> bool:

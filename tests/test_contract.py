@@ -128,3 +128,157 @@ def test_torch_lr_schedulers_work_unchanged(model, name):
             opt.step()
             sched.step()
     assert opt.get_lr() == pytest.approx(sched.get_last_lr()[0])
+
+
+# ------------------------------------------------------------- float64 grads
+@pytest.mark.parametrize("config", [{"type": "AdamW"}, {"type": "SGD", "momentum": 0.9}, {"type": "Adagrad"}])
+def test_clip_grad_norm_of_float64_grads_is_float64(model, config):
+    model = model.double()
+    opt = optcore.build_optimizer(config, model)
+    torch.manual_seed(1)
+    model(torch.randn(16, 4, dtype=torch.float64)).pow(2).mean().backward()
+    true = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    norm = opt.clip_grad_norm(0)
+    assert norm.dtype == torch.float64
+    torch.testing.assert_close(norm, true, rtol=1e-12, atol=0)
+    assert torch.allclose(opt.clip_grad_norm(float(true) / 2), true)
+    opt.step()
+
+
+def test_total_grad_norm_mixes_dtypes_in_the_highest_precision():
+    grads = [torch.full((3,), 1e3, dtype=torch.float16), torch.ones(2, dtype=torch.float64), torch.ones(2, dtype=torch.bfloat16)]
+    norm = optcore.total_grad_norm(grads)
+    assert norm.dtype == torch.float64
+    assert norm.item() == pytest.approx((3 * 1e6 + 4) ** 0.5, rel=1e-6)
+    assert optcore.total_grad_norm([torch.full((4,), 6e4, dtype=torch.float16)]).dtype == torch.float32  # no fp16 overflow
+
+
+# ------------------------------------------------- read-only param_groups
+READ_ONLY_GROUPS = ["Lookahead", "OrthoGrad", "PCGrad", "ScheduleFreeWrapper", "TRAC", "CPUOffloadOptimizer"]
+
+
+def test_plain_step_does_not_assign_param_groups(model):
+    """pytorch_optimizer's Magma exposes param_groups as a read-only property;
+    a plain step used to write it back in a `finally` and raise after updating."""
+    pytest.importorskip("pytorch_optimizer")
+    opt = optcore.build_optimizer({"type": "pytorch_optimizer:Magma"}, model)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        _grads(model)
+        opt.step()
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert opt.supports_groups is False
+    moved = [p.detach().clone() for p in model.parameters()]
+    _grads(model)
+    with pytest.raises(optcore.ConfigError, match="groups"):
+        opt.step(groups=[0])
+    assert all(torch.equal(a, p) for a, p in zip(moved, model.parameters())), "a refused step changed params"
+
+
+@pytest.mark.parametrize("name", READ_ONLY_GROUPS)
+def test_classes_with_read_only_param_groups_refuse_group_selection(name):
+    pytest.importorskip("pytorch_optimizer")
+    import pytorch_optimizer
+
+    cls = getattr(pytorch_optimizer, name, None)
+    if cls is None:
+        pytest.skip(f"pytorch_optimizer has no {name} here")
+    from optcore._contract import param_groups_assignable
+
+    assert not param_groups_assignable(cls), f"{name}.param_groups is expected to be a read-only property"
+    adapted = optcore.adapt(cls, groups=True)  # even when told the groups are independent
+    assert adapted.supports_groups is False
+
+
+class _ReadOnlyGroups(torch.optim.Optimizer):
+    """Exposes an inner optimizer's groups read-only, as Lookahead-style wrappers do."""
+
+    supports_groups = True  # claims independence; the read-only property still rules it out
+
+    def __init__(self, params, lr=0.1):
+        self.inner = torch.optim.SGD(params, lr=lr)
+        self.defaults, self.state = self.inner.defaults, self.inner.state
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+
+    @property
+    def param_groups(self):
+        return self.inner.param_groups
+
+    def step(self, closure=None):
+        return self.inner.step(closure)
+
+
+def test_groups_on_read_only_param_groups_is_a_clear_error():
+    p = torch.zeros(3, requires_grad=True)
+    opt = optcore.adapt(_ReadOnlyGroups)([p])
+    assert opt.supports_groups is False
+    p.grad = torch.ones(3)
+    opt.step()  # the plain path works
+    assert torch.equal(p.detach(), torch.full((3,), -0.1))
+    with pytest.raises(optcore.ConfigError, match="read-only property"):
+        opt.step(groups=[0])
+    assert torch.equal(p.detach(), torch.full((3,), -0.1))
+
+
+# ----------------------------------------------------------- tensor lr
+def test_a_tensor_lr_stays_a_tensor_end_to_end(model):
+    lr = torch.tensor(1e-2)
+    opt = optcore.build_optimizer(
+        {"type": "AdamW", "lr": lr, "param_groups": [{"params": r"^3\.", "name": "head", "lr_scale": 0.5}]}, model
+    )
+    lrs = [g["lr"] for g in opt.param_groups]
+    assert all(isinstance(v, torch.Tensor) and v.ndim == 0 for v in lrs)
+    assert len({id(v) for v in lrs}) == len(lrs), "each group must own its lr tensor (schedulers fill them in place)"
+    assert lrs[0] is not lr, "the user's tensor is copied, not shared with the optimizer"
+    head = next(g for g in opt.param_groups if g.get("name") == "head")
+    assert head["lr"].item() == pytest.approx(5e-3)
+    assert isinstance(opt.get_lr(), torch.Tensor) and opt.get_lr().item() == pytest.approx(1e-2)
+    assert isinstance(opt.optimizer_config["lr"], torch.Tensor)
+    assert all(isinstance(v, torch.Tensor) for v in opt.get_lrs())
+    opt.set_lr(torch.tensor(2e-2))
+    assert [g["lr"] for g in opt.param_groups] == lrs or all(a is b for a, b in zip((g["lr"] for g in opt.param_groups), lrs))
+    assert head["lr"].item() == pytest.approx(1e-2) and opt.get_lr().item() == pytest.approx(2e-2)
+    opt.set_lr(4e-2)
+    assert all(a is b for a, b in zip((g["lr"] for g in opt.param_groups), lrs)), "set_lr replaced a tensor lr"
+    _grads(model)
+    opt.step()
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4)
+    _grads(model)
+    opt.step()
+    sched.step()
+    assert all(isinstance(g["lr"], torch.Tensor) for g in opt.param_groups)
+    fresh = optcore.build_optimizer(
+        {"type": "AdamW", "lr": torch.tensor(1e-3), "param_groups": [{"params": r"^3\.", "name": "head", "lr_scale": 0.5}]},
+        model,
+    )
+    fresh.load_state_dict(opt.state_dict(), optimizer_overrides={"lr": 3e-3})
+    assert isinstance(fresh.param_groups[0]["lr"], torch.Tensor) and fresh.get_lr().item() == pytest.approx(3e-3)
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([1e-3]), torch.tensor(1), torch.tensor(-1e-3)])
+def test_a_bad_tensor_lr_is_a_config_error(model, bad):
+    with pytest.raises(optcore.ConfigError, match="lr"):
+        optcore.build_optimizer({"type": "AdamW", "lr": bad}, model)
+
+
+def test_capturable_is_passed_through(model):
+    """torch steps capturable optimizers on accelerators only; optcore passes the
+    flag through (and does not pick the fused kernel over it)."""
+    opt = optcore.build_optimizer({"type": "Adam", "capturable": True, "lr": torch.tensor(1e-2)}, model)
+    assert all(g["capturable"] and not g["fused"] for g in opt.param_groups)
+    assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)
+
+
+# ------------------------------------------------------ capabilities, once
+@pytest.mark.parametrize("name", ["AdamW", "SGD", "RMSprop", "Adafactor", "LBFGS", "pytorch_optimizer:Magma", "optcore-lion:Lion"])
+def test_spec_capabilities_are_the_built_optimizers_flags(model, name):
+    """One computation (optcore._adapt.capabilities) behind both the spec's
+    record and the adapted class: they cannot disagree."""
+    spec = optcore.resolve(name)
+    try:
+        spec.target
+    except optcore.PluginLoadError:
+        pytest.skip(f"{name} does not import here")
+    params = list(model.parameters()) if name == "LBFGS" else model
+    opt = optcore.build_optimizer({"type": name}, params)
+    assert spec.capabilities.as_dict() == {flag: getattr(opt, flag) for flag in spec.capabilities.as_dict()}

@@ -169,6 +169,29 @@ def test_average_params_leaves_every_rank_at_the_mean(world: int) -> None:
     assert not failed, "\n".join(f"{n}: {msg}" for n, msg in failed.items())
 
 
+def _out_of_step_worker(rank: int, world: int) -> str | None:
+    model = _model()
+    opt = _build("AdamW", list(model.parameters()))
+    if rank == 0:  # rank 0 steps (and so holds moments), rank 1 does not
+        _loss(model, _batch(0)).backward()
+        opt.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        opt.average_params()
+    except optcore.ConfigError as exc:
+        assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())), "a refused average changed params"
+        return str(exc)
+    return None
+
+
+def test_average_params_with_ranks_out_of_step_is_one_clear_error_on_every_rank() -> None:
+    """Different state sizes on the ranks used to abort a rank (SIGABRT in gloo)."""
+    errors = run_ranks(_out_of_step_worker, 2)
+    assert errors[0] is not None, "average_params averaged ranks that hold different tensors"
+    assert errors[0] == errors[1], f"ranks disagree on the error: {errors}"
+    assert "rank 0" in errors[0] and "rank 1" in errors[0] and "same number of steps" in errors[0]
+
+
 # ------------------------------------------------------------------------ DDP
 def _ddp_check(name: str, rank: int) -> list[torch.Tensor]:
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -1,0 +1,109 @@
+"""Checks a state dict passes before an optimizer loads it.
+
+torch's ``load_state_dict`` checks only the number of parameters per group, so
+state saved for ``Linear(32, 32)`` loads into ``Linear(64, 64)`` and the next
+fused step reads past the end of its moments (a segfault), and state for
+bigger parameters silently steps smaller ones. Loading one optimizer's state
+into another (AdamW's moments into Lion) half-works the same way. These checks
+run first and raise a :class:`ConfigError` naming the first parameter at fault,
+so a wrong checkpoint changes nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from ._errors import ConfigError
+
+#: State dtypes that hold quantised floats (bitsandbytes' 8-bit moments), not integers.
+_QUANTISED = ("uint8", "int8")
+
+
+def check_state_dict(optimizer: Any, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state_dict`` without its ``"optcore"`` record, once it is known to fit
+    ``optimizer``; raise :class:`ConfigError` otherwise."""
+    if not isinstance(state_dict, Mapping):
+        return state_dict
+    record = state_dict.get("optcore")
+    if isinstance(record, Mapping):
+        _check_identity(optimizer, record)
+        state_dict = {k: v for k, v in state_dict.items() if k != "optcore"}
+    else:
+        record = {}
+    _check_shapes(optimizer, state_dict, record.get("param_shapes"))
+    return state_dict
+
+
+def _check_identity(optimizer: Any, record: Mapping[str, Any]) -> None:
+    spec = getattr(optimizer, "optcore_spec", None)
+    if spec is None:  # made by adapt() directly (ZeroRedundancyOptimizer's shards): no name to compare
+        return
+    saved = f"{record.get('name')} from {record.get('provider')}"
+    if (record.get("name"), record.get("provider")) != (spec.name, spec.provider):
+        raise ConfigError(
+            f"This state_dict was saved by {saved} {record.get('version') or ''}".rstrip()
+            + f", and this optimizer is {spec.name} from {spec.provider}: one optimizer's state means nothing "
+            f"to another. Build the optimizer that saved it (type {record.get('provider')}:{record.get('name')}) "
+            "to resume, or skip load_state_dict to start this one fresh.",
+            problems=[("optcore", f"saved by {saved}, loading into {spec.qualified}")],
+        )
+    if record.get("version") != (None if spec.version is None else str(spec.version)):
+        warnings.warn(
+            f"This state_dict was saved by {saved} version {record.get('version')}, and this is version "
+            f"{spec.version}; it loads because its layout fits the parameters. Check the provider's changelog "
+            "if the resumed run behaves differently.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _check_shapes(optimizer: Any, state_dict: Mapping[str, Any], saved_shapes: Any) -> None:
+    groups, state = state_dict.get("param_groups"), state_dict.get("state")
+    if not isinstance(groups, list) or not isinstance(state, Mapping):
+        return
+    known_layout = _has_known_layout(optimizer)
+    position = 0
+    for g, (saved, group) in enumerate(zip(groups, optimizer.param_groups)):
+        for i, (index, param) in enumerate(zip(saved.get("params", ()), group["params"])):
+            where = f"parameter {position + i} (param group {g}, position {i}, shape {tuple(param.shape)})"
+            entry = state.get(index)
+            if isinstance(entry, Mapping):
+                shape = saved_shapes.get(index) if isinstance(saved_shapes, Mapping) else None
+                problem = _mismatch(param, entry, shape, known_layout)
+                if problem:
+                    raise ConfigError(
+                        f"The state_dict does not fit this optimizer's parameters: {where}: {problem}. "
+                        "It was saved for another model (or another parameter order); load the matching "
+                        "checkpoint, or skip load_state_dict to start the optimizer fresh.",
+                        problems=[(f"state[{index}]", problem)],
+                    )
+        position += len(group["params"])
+
+
+def _mismatch(param: Tensor, entry: Mapping[str, Any], saved_shape: Any, known_layout: bool) -> str | None:
+    if saved_shape is not None and tuple(saved_shape) != tuple(param.shape):
+        return f"the state was saved for shape {tuple(saved_shape)}"
+    for key, value in entry.items():
+        if not isinstance(value, Tensor) or value.dim() == 0:
+            continue
+        if (
+            value.shape == param.shape
+            and value.is_floating_point() != param.is_floating_point()
+            and str(value.dtype).removeprefix("torch.") not in _QUANTISED
+        ):
+            return f"state {key!r} is {value.dtype} and the parameter {param.dtype} (floating vs integer)"
+        # Without a saved shape, torch's own layouts are known: every state tensor
+        # of the parameter's rank is its shape or broadcasts to it (Adafactor's factors).
+        if saved_shape is None and known_layout and value.dim() == param.dim():
+            if any(v not in (p, 1) for v, p in zip(value.shape, param.shape)):
+                return f"state {key!r} has shape {tuple(value.shape)}"
+    return None
+
+
+def _has_known_layout(optimizer: Any) -> bool:
+    cls = getattr(type(optimizer), "adapted_from", type(optimizer))
+    return cls.__module__.startswith("torch.optim")
