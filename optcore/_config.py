@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ._config_files import read_config_file
 from ._errors import ConfigError
 from ._schema import parse_optim_args
 
@@ -98,6 +99,4 @@ def load_config_file(path: str | Path, **limits: int) -> Any:
     ``limits`` (``max_bytes``, ``max_depth``, ``max_nodes``) raise or lower
     them (see :mod:`optcore._config_files`).
     """
-    from ._config_files import read_config_file
-
     return read_config_file(path, **limits)

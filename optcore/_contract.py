@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from ._checkpoint import check_state_dict
 from ._errors import ConfigError
 
 GroupSelector = Sequence[int | str] | int | str | None
@@ -335,8 +336,6 @@ class ContractMixin:
         :class:`ConfigError`; another version of the same optimizer loads with a
         warning. A plain torch state dict (no ``"optcore"`` entry) loads as in torch.
         """
-        from ._checkpoint import check_state_dict
-
         state_dict = check_state_dict(self, state_dict)
         super().load_state_dict(state_dict)  # type: ignore[misc]
         if optimizer_overrides:

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ._values import clean_text, short_repr
+
 #: How much of a user- or plugin-supplied value a message shows.
 SHOWN_CHARS = 120
 
@@ -173,8 +175,6 @@ def rejected_config(
     except _NOT_ABOUT_CONFIG:
         raise
     except Exception as exc:
-        from ._values import clean_text, short_repr
-
         detail = clean_text(str(exc), 400)
         if not detail:  # a bare `assert`: show the line that failed
             import traceback
