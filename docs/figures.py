@@ -1,0 +1,192 @@
+"""Regenerate every figure the README and the docs quote, from committed results.
+
+    python docs/figures.py            # rewrite the generated sections (and plots) from docs/results/
+    python docs/figures.py --check    # exit 1 if a section differs from its results file (the test does this)
+
+Each figure is a section of a markdown file between
+``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->``, and a
+results file under ``docs/results/`` written by the command that measured it
+(its name is in :data:`FIGURES`). To refresh a figure, rerun that command,
+then this script; ``tests/test_figures.py`` fails while a section and its
+results file disagree, so the README cannot drift from what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    page: Path
+    results: Path
+    command: str
+    render: Callable[[Any], str]
+    plot: Callable[[Any], None] | None = None
+
+
+def _ratio(value: float, goal: float | None = None) -> str:
+    return f"{value:.3f}" + (f" (goal <= {goal})" if goal is not None else "")
+
+
+def render_bench_core(data: dict[str, Any]) -> str:
+    lines = [
+        "| params | optimizer | optcore fused / torch fused | optcore default / torch default | optcore default, x bound |",
+        "|---|---|---|---|---|",
+    ]
+    for row in data["rows"]:
+        adamw = row["optimizer"] == "AdamW"
+        lines.append(
+            f"| {row['params'] / 1e6:.0f}M | {row['optimizer'] if adamw else 'SGD momentum'} "
+            f"| {_ratio(row['fused_ratio'], 1.02 if adamw else None)} "
+            f"| {_ratio(row['default_ratio'], 0.4 if adamw else None)} "
+            f"| {row['x_bound']['optcore default']:.2f} |"
+        )
+    bandwidths = ", ".join(f"{r['bandwidth'] / 1e9:.1f}" for r in data["rows"])
+    load = f", load average {data['load_average']}" if "load_average" in data else ""
+    lines += [
+        "",
+        f"torch {data['torch']}, {data['threads']} threads{load}. The bound is the bytes a step must move "
+        "(28 per parameter for AdamW, 20 for SGD with momentum) over the in-place `a.add_(b)` bandwidth "
+        f"sampled in the same rounds ({bandwidths} GB/s). `import optcore` after `import torch`: "
+        f"{data['import_ms']:.1f} ms (goal <= 30 ms); the first look-up of a plugin name among 50 extra "
+        f"entry-point distributions: {data['plugin_first_ms']:.1f} ms, then {data['plugin_cached_us']:.0f} µs."
+        + (f" {data['note']}" if data.get("note") else ""),
+    ]
+    return "\n".join(lines)
+
+
+def render_compare(data: dict[str, Any]) -> str:
+    from optcore.compare.report import describe, human_bytes
+
+    lines = [
+        "| # | config (built) | lr | held-out final | best (step) | steps/s | state | B/param | skipped | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        final = "-" if r["final"] is None else f"{r['final']:.3f}" + (f" ± {r['final_sd']:.3f}" if r.get("final_sd") else "")
+        best = "-" if r["best"] is None else f"{r['best']:.3f} ({r['best_step']})"
+        lines.append(
+            f"| {r['rank']} | {describe(r['config'], r['built'])} | {'-' if r['lr'] is None else format(r['lr'], 'g')} "
+            f"| {final} | {best} | {'-' if r['steps_per_s'] is None else format(r['steps_per_s'], '.1f')} "
+            f"| {human_bytes(r['state_bytes'])} | {'-' if r['state_bytes_per_param'] is None else format(r['state_bytes_per_param'], '.1f')} "
+            f"| {'-' if r['skipped_steps'] is None else r['skipped_steps']} | {r['status']} |"
+        )
+    settings = data["settings"]
+    lines += [
+        "",
+        f"({data['summary']}; {settings['isolation']}; the losses and the ranking are the same on every run with "
+        "the same seed, steps/s and memory are this machine's.)",
+    ]
+    return "\n".join(lines)
+
+
+def render_compare_time(data: dict[str, Any]) -> str:
+    return f"{data['elapsed_s'] / 60:.1f} minutes ({data['settings']['steps']} steps x {len(data['rows'])} configs)"
+
+
+def render_setup_time(data: dict[str, Any]) -> str:
+    return f"{data['setup_s'] / 60:.1f} minutes ({data['how']})"
+
+
+def plot_compare(data: dict[str, Any]) -> None:
+    from optcore.compare.report import plot_curves
+
+    meta = {"summary": data["summary"], "memory_note": data["memory_note"], "seeds": data["settings"]["seeds"]}
+    plot_curves(data["rows"], data["results"], meta, ROOT / "docs" / "img" / "compare.png")
+
+
+FIGURES: list[Figure] = [
+    Figure(
+        "compare",
+        ROOT / "README.md",
+        RESULTS / "compare.json",
+        "optcore compare --out /tmp/c && cp /tmp/c/results.json docs/results/compare.json",
+        render_compare,
+        plot_compare,
+    ),
+    Figure(
+        "timing-compare",
+        ROOT / "README.md",
+        RESULTS / "compare.json",
+        "optcore compare --out /tmp/c && cp /tmp/c/results.json docs/results/compare.json",
+        render_compare_time,
+    ),
+    Figure(
+        "timing-setup",
+        ROOT / "README.md",
+        RESULTS / "timing.json",
+        "time scripts/dev setup in a fresh clone (see the file's 'how')",
+        render_setup_time,
+    ),
+    Figure(
+        "bench-core",
+        ROOT / "README.md",
+        RESULTS / "bench_core.json",
+        "python benchmarks/bench_core.py --json docs/results/bench_core.json",
+        render_bench_core,
+    ),
+]
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    """A block section (markers on lines of their own) or an inline one."""
+    return re.compile(
+        rf"(<!-- BEGIN GENERATED: {re.escape(name)} -->\n?)(.*?)(\n?<!-- END GENERATED: {re.escape(name)} -->)", re.S
+    )
+
+
+def expected(figure: Figure) -> str:
+    return figure.render(json.loads(figure.results.read_text()))
+
+
+def current(figure: Figure) -> str:
+    match = _pattern(figure.name).search(figure.page.read_text())
+    if match is None:
+        raise SystemExit(f"{figure.page.name} has no GENERATED section {figure.name!r}")
+    return match.group(2)
+
+
+def write(figure: Figure) -> None:
+    text = figure.page.read_text()
+    body = expected(figure)
+    def fill(m: re.Match[str]) -> str:
+        block = m.group(1).endswith("\n")  # markers on lines of their own: keep the end marker on its own too
+        end = m.group(3) if not block or m.group(3).startswith("\n") else "\n" + m.group(3)
+        return m.group(1) + body + end
+
+    figure.page.write_text(_pattern(figure.name).sub(fill, text))
+    if figure.plot is not None:
+        figure.plot(json.loads(figure.results.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    stale = []
+    for figure in FIGURES:
+        if args.check:
+            if current(figure) != expected(figure):
+                stale.append(f"{figure.page.name}:{figure.name} (from {figure.results.name}; rerun `{figure.command}`)")
+        else:
+            write(figure)
+            print(f"wrote {figure.page.name}: {figure.name} from {figure.results.relative_to(ROOT)}")
+    for line in stale:
+        print(f"stale: {line}", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
