@@ -144,10 +144,7 @@ print("MATCHES-EAGER")
 
 #: Plugin-side failures under torch.compile (the plugin helpers own the fix); strict,
 #: so a fix is noticed.
-PLUGIN_COMPILE_FAILURES = {
-    "optcore-adafactor:Adafactor": "the process aborts inside dynamo while tracing the C-kernel path "
-    "(optcore_adafactor._kernels.factored_second_moment_)",
-}
+PLUGIN_COMPILE_FAILURES = {}  # none left: the core and kit fixes landed
 
 
 @pytest.mark.slow

@@ -87,7 +87,7 @@ def test_conformance_relative_step(check: str, config: dict) -> None:
 #: grad_ops fails for non-fp32 models in the core, not here: clip_grad_norm's
 #: total_grad_norm asks _foreach_norm for float32 of float64 grads, and the kit
 #: compares a bf16 norm with a float32 one (reported to the lead).
-CORE_DTYPE_ISSUES = {"grad_ops"}
+CORE_DTYPE_ISSUES: set[str] = set()  # the core fixed clip_grad_norm for float64 and bf16
 
 
 @needs_install
@@ -103,6 +103,10 @@ def test_conformance_per_dtype_and_implementation(
     from optcore_adafactor import _traceable
 
     monkeypatch.setattr(_traceable.CompiledUpdates, "backend", "eager")
+    if implementation == "compiled":
+        # Each check builds new shapes; across the whole matrix in one process they would pass
+        # dynamo's recompile limit (8) for the one update function (see the plugin README).
+        torch._dynamo.reset()
     if dtype != torch.float32 and check in CORE_DTYPE_ISSUES:
         pytest.skip(f"{check} with {dtype} models fails in optcore's core (clip_grad_norm), not in Adafactor")
     previous = torch.get_default_dtype()

@@ -79,7 +79,7 @@ def _train(ddp: DDP, opt: torch.optim.Optimizer, rank: int, steps: int, accum: i
 
 #: failures of optcore's core, not of AdaScaleSGD (checked strictly, so a fix is noticed):
 #: the contract's clip_grad_norm takes norms with dtype=float32, which refuses float64 grads.
-KNOWN_CORE_FAILURES = {(torch.float64, "grad_ops"): "should be convertible without narrowing"}
+KNOWN_CORE_FAILURES = {}  # none left: the core and kit fixes landed
 
 
 def _conformance_on_two_ranks() -> None:

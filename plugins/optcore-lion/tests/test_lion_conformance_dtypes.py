@@ -10,11 +10,7 @@ from optcore.testing import CHECKS, run_check
 
 IMPLS = {"default": {}, "foreach": {"foreach": True}, "forloop": {"fused": False, "foreach": False}}
 DTYPES = {"float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}  # fp16/bf16: claimed
-KNOWN = {
-    ("grad_ops", "float64"): "core: total_grad_norm asks _foreach_norm for fp32 norms of fp64 grads (RuntimeError)",
-    ("grad_ops", "bfloat16"): "kit: check_grad_ops compares the fp32 norm with a bf16 expected value (dtype error)",
-    ("grad_ops", "float16"): "kit: check_grad_ops compares the fp32 norm with an fp16 expected value (dtype error)",
-}
+KNOWN = {}  # none left: the core and kit fixes landed
 
 
 @pytest.fixture

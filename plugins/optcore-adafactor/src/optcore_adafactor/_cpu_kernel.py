@@ -316,8 +316,8 @@ def stats_(grad: Tensor, row: Tensor, *, beta: float, a: float, b: float) -> tup
         raise ValueError(f"Adafactor C kernel: grad must be a matrix, got shape {tuple(grad.shape)}.")
     n, m = grad.shape
     threads = _threads(n)
-    col_sq, col_w = torch.empty(m), torch.empty(m)
-    part = torch.empty(threads, 2, m)
+    col_sq, col_w = torch.empty(m, dtype=torch.float32), torch.empty(m, dtype=torch.float32)
+    part = torch.empty(threads, 2, m, dtype=torch.float32)
     ptrs = [
         _require("grad", grad, (n, m)), _require("exp_avg_sq_row", row, (n,)),
         _require("col_sq", col_sq, (m,)), _require("col_w", col_w, (m,)), _require("part", part, (threads, 2, m)),
@@ -344,7 +344,9 @@ def apply_(param: Tensor, grad: Tensor, exp_avg: Tensor | None, r: Tensor, c: Te
 def _scalars(beta2t: float, inv_scale: float, eps1: float, eps2: float, rho: float, clip_threshold: float,
              beta1: float, weight_decay: float) -> Tensor:
     """The numbers both whole-step kernels read (``f`` in SOURCE)."""
-    return torch.tensor([beta2t, inv_scale * inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay, inv_scale])
+    return torch.tensor(
+        [beta2t, inv_scale * inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay, inv_scale], dtype=torch.float32
+    )
 
 
 def vector_eligible(*tensors: Tensor | None) -> bool:
@@ -396,7 +398,8 @@ def step_(
         raise ValueError(f"Adafactor C kernel: param must be a matrix, got shape {tuple(param.shape)}.")
     n, m = param.shape
     threads = _threads(n)
-    part, rbuf = torch.empty(threads, 2, m), torch.empty(n)
+    # float32 whatever torch's default dtype is: the kernel reads these as float
+    part, rbuf = torch.empty(threads, 2, m, dtype=torch.float32), torch.empty(n, dtype=torch.float32)
     scalars = _scalars(beta2t, inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay)
     out = torch.empty(3, dtype=torch.float64)
     ptrs = [
