@@ -297,6 +297,17 @@ def all_params(groups: list[Mapping[str, Any]]) -> list[torch.Tensor]:
 
 
 def validate_group_specs(param_groups: Iterable[Mapping[str, Any]] | None) -> None:
-    """Check the shape of a config's regex ``param_groups`` (each a mapping
-    with a valid ``params`` regex) without any parameters at hand."""
-    _compile(param_groups or [], "param_groups")
+    """Check a config's regex ``param_groups`` without any parameters at hand:
+    each a mapping with a valid ``params`` regex, and no regex given twice (a
+    parameter it matches would be matched twice, and one that matches nothing
+    is an error too, so a repeated regex can never build)."""
+    compiled = _compile(param_groups or [], "param_groups")
+    seen: dict[str, int] = {}
+    for i, (pattern, _) in enumerate(compiled):
+        if pattern.pattern in seen:
+            raise ConfigError(
+                f"param_groups[{seen[pattern.pattern]}] and param_groups[{i}] have the same regex "
+                f"{pattern.pattern!r}: every parameter it matches would be in two groups. Merge them into one entry.",
+                problems=[(f"param_groups[{i}].params", "given twice")],
+            )
+        seen[pattern.pattern] = i

@@ -692,7 +692,9 @@ class AdaScaleSGD(Optimizer):
         if problems:
             raise ConfigError(
                 "AdaScaleSGD.load_state_dict: the checkpoint's AdaScale estimates belong to a different model "
-                "(the numbers of elements or param groups differ). Load it into the model it was saved from, "
+                "(the numbers of parameter elements or param groups differ: "
+                + "; ".join(f"{k}: {m}" for k, m in problems)
+                + "). Load it into the model it was saved from, "
                 "or drop its 'adascale' entry to start the estimates afresh.",
                 problems=problems,
                 target="AdaScaleSGD",
