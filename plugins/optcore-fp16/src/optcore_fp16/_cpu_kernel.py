@@ -26,7 +26,7 @@ import platform
 import torch
 from torch import Tensor
 
-from optcore.kernels import build_c_library
+from optcore.kernels import build_c_library, pointer_problem
 
 SOURCE = r"""
 #include <stdint.h>
@@ -140,31 +140,9 @@ def _has_f16c() -> bool:
     return capability in {"AVX2", "AVX512"}  # every AVX2 CPU has F16C
 
 
-_PLAIN = (Tensor, torch.nn.Parameter)
-
-
 def _tensor_problem(t: Tensor | None, dtype: torch.dtype) -> str | None:
     """Why the kernel cannot read or write ``t`` as ``dtype``, or ``None``."""
-    if t is None:
-        return "is missing"
-    if type(t) not in _PLAIN:  # subclasses (DTensor, FakeTensor, ...) have no plain memory to hand over
-        return f"is a {type(t).__name__}, not a plain tensor"
-    if t.device.type != "cpu":
-        return f"is on {t.device}, not the CPU"
-    if t.dtype != dtype:
-        return f"is {t.dtype}, not {dtype}"
-    if not t.is_contiguous():
-        return "is not contiguous"
-    if t.is_neg() or t.is_conj():
-        return "is a lazily negated or conjugated view"
-    if t.numel() == 0:
-        return None
-    try:
-        storage = t.untyped_storage()
-        backed = storage.data_ptr() != 0 and (t.storage_offset() + t.numel()) * t.element_size() <= storage.nbytes()
-    except (RuntimeError, NotImplementedError):  # no storage at all
-        backed = False
-    return None if backed else "has no allocated storage of its size"
+    return pointer_problem(t, dtype)
 
 
 def problem(srcs: list[Tensor | None], dsts: list[Tensor]) -> str | None:

@@ -18,7 +18,7 @@ import ctypes
 import functools
 
 import torch
-from optcore.kernels import build_c_library
+from optcore.kernels import build_c_library, pointer_problem
 from torch import Tensor
 
 SOURCE = r"""
@@ -63,29 +63,9 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-_PLAIN = (Tensor, torch.nn.Parameter)
-
-
 def _tensor_problem(t: Tensor) -> str | None:
     """Why the kernel cannot read or write ``t``, or ``None``."""
-    if type(t) not in _PLAIN:  # subclasses (DTensor, FakeTensor, ...) have no plain memory to hand over
-        return f"is a {type(t).__name__}, not a plain tensor"
-    if t.device.type != "cpu":
-        return f"is on {t.device}, not the CPU"
-    if t.dtype != torch.float32:
-        return f"is {t.dtype}, not torch.float32"
-    if not t.is_contiguous():
-        return "is not contiguous"
-    if t.is_neg() or t.is_conj():
-        return "is a lazily negated or conjugated view"
-    if t.numel() == 0:
-        return None
-    try:
-        storage = t.untyped_storage()
-        backed = storage.data_ptr() != 0 and (t.storage_offset() + t.numel()) * t.element_size() <= storage.nbytes()
-    except (RuntimeError, NotImplementedError):  # no storage at all
-        backed = False
-    return None if backed else "has no allocated storage of its size"
+    return pointer_problem(t, torch.float32)
 
 
 def eligible(*tensors: Tensor) -> bool:
