@@ -85,7 +85,9 @@ def _no_decay_by_name(name: str) -> bool:
     return parts[-1] in {"bias"} or any("norm" in p or p in {"ln", "ln_f"} or p.startswith("ln_") for p in parts[:-1])
 
 
-def _named_params(params_or_model: Any) -> tuple[list[tuple[str | None, Tensor]], set[str] | None, bool]:
+def _named_params(
+    params_or_model: Any, leaf_only: bool = True
+) -> tuple[list[tuple[str | None, Tensor]], set[str] | None, bool]:
     """(named trainable tensors, names not to decay, whether names are real)."""
     if isinstance(params_or_model, nn.Module):
         named = [(n, p) for n, p in params_or_model.named_parameters() if p.requires_grad]
@@ -95,7 +97,7 @@ def _named_params(params_or_model: Any) -> tuple[list[tuple[str | None, Tensor]]
     if isinstance(params_or_model, Mapping):
         items = list(params_or_model.items())
         for name, p in items:
-            _check_tensor(p, f"params[{name!r}]")
+            _check_tensor(p, f"params[{name!r}]", leaf_only)
         named = [(str(n), p) for n, p in items if p.requires_grad]
         return named, {n for n, _ in named if _no_decay_by_name(n)}, True
     try:
@@ -106,24 +108,27 @@ def _named_params(params_or_model: Any) -> tuple[list[tuple[str | None, Tensor]]
             "iterable of tensors, a list of param-group dicts, or a dict of name -> tensor."
         ) from None
     if items and all(isinstance(i, tuple) and len(i) == 2 and isinstance(i[0], str) for i in items):
-        return _named_params(dict(items))
+        return _named_params(dict(items), leaf_only)
     named = []
     for i, p in enumerate(items):
-        _check_tensor(p, f"params[{i}]")
+        _check_tensor(p, f"params[{i}]", leaf_only)
         if p.requires_grad:
             named.append((None, p))
     return named, None, False
 
 
-def _check_tensor(p: Any, where: str) -> None:
+def _check_tensor(p: Any, where: str, leaf_only: bool = True) -> None:
     if not isinstance(p, Tensor):
         raise ConfigError(
             f"{where} is a {type(p).__name__}, not a tensor; pass model.parameters(), a model, "
             "or param-group dicts with 'params' lists of tensors.",
             problems=[(where, "not a tensor")],
         )
-    if not p.is_leaf:
-        raise ConfigError(f"{where} is not a leaf tensor; optimizers can only update leaf tensors (detach it first).")
+    if leaf_only and not (p.is_leaf or p.retains_grad):
+        raise ConfigError(
+            f"{where} is not a leaf tensor; optimizers update leaf tensors (detach it first), or non-leaf "
+            "ones that retain their grad with differentiable=True (autograd through the step, as torch allows)."
+        )
 
 
 def _dedup(named: list[tuple[str | None, Tensor]]) -> list[tuple[str | None, Tensor]]:
@@ -136,7 +141,7 @@ def _dedup(named: list[tuple[str | None, Tensor]]) -> list[tuple[str | None, Ten
     return out
 
 
-def _explicit_groups(groups: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _explicit_groups(groups: list[Mapping[str, Any]], leaf_only: bool = True) -> list[dict[str, Any]]:
     out = []
     for i, group in enumerate(groups):
         if "params" not in group:
@@ -144,7 +149,7 @@ def _explicit_groups(groups: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
         settings = {k: v for k, v in group.items() if k != "params"}
         if "lr_scale" in settings:
             settings["lr_scale"] = lr_scale_value(settings["lr_scale"], f"param group {i} lr_scale")
-        named, _, _ = _named_params(group["params"])
+        named, _, _ = _named_params(group["params"], leaf_only)
         tensors = [p for _, p in _dedup(named)]
         if tensors:
             out.append({**settings, "params": tensors})
@@ -158,6 +163,7 @@ def build_param_groups(
     weight_decay: float | None = None,
     no_decay: Any = True,
     policies: list[Mapping[str, Any]] | None = None,
+    leaf_only: bool = True,
 ) -> list[dict[str, Any]]:
     """Param groups for ``params_or_model`` (see the module docstring).
 
@@ -165,19 +171,20 @@ def build_param_groups(
     when it is non-zero. ``param_groups`` are ``{"params": "<regex>", ...}``
     overrides; ``policies`` are hook-contributed overrides (weaker).
     ``no_decay`` is the config's switch as given (checked by
-    :func:`no_decay_flag`: ``"false"`` is false).
+    :func:`no_decay_flag`: ``"false"`` is false). ``leaf_only=False`` accepts
+    non-leaf tensors (an optimizer built with ``differentiable=True``).
     """
     if isinstance(params_or_model, (list, tuple)) and params_or_model and all(
         isinstance(g, Mapping) for g in params_or_model
     ):
         if param_groups:
             raise ConfigError("Give either explicit param-group dicts or regex 'param_groups' in the config, not both.")
-        groups = _explicit_groups(list(params_or_model))
+        groups = _explicit_groups(list(params_or_model), leaf_only)
         if not groups:
             raise ConfigError("No trainable parameters: every parameter has requires_grad=False.")
         return groups
 
-    named, no_decay_names, has_names = _named_params(params_or_model)
+    named, no_decay_names, has_names = _named_params(params_or_model, leaf_only)
     named = _dedup(named)
     if not named:
         raise ConfigError(

@@ -216,6 +216,7 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
         weight_decay=hparams.get("weight_decay") if "weight_decay" in spec.schema.model_fields else None,
         no_decay=plan_.no_decay,
         policies=policies,
+        leaf_only=not hparams.get("differentiable", False),  # torch steps non-leaf params only then
     )
     for i, group in enumerate(groups):
         group.update(_validate_overrides(spec, hparams, group, f"{spec.name} param group {group.get('name', i)}"))

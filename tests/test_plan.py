@@ -126,3 +126,24 @@ def test_import_paths_can_be_turned_off_on_every_entry_point(monkeypatch):
     assert check_config(path, allow_import_paths=False)
     monkeypatch.setenv("OPTCORE_ALLOW_IMPORT_PATHS", "0")
     assert check_config(path) and not check_config({"type": "SGD"})
+
+
+def test_differentiable_steps_non_leaf_params_as_torch_does():
+    """differentiable=True: autograd through the step (meta-learning), over a
+    non-leaf parameter, exactly as torch.optim.SGD(differentiable=True)."""
+    grads = []
+    for build in (
+        lambda w: optcore.build_optimizer({"type": "SGD", "lr": 0.1, "momentum": 0.9, "differentiable": True}, [w]),
+        lambda w: torch.optim.SGD([w], lr=0.1, momentum=0.9, differentiable=True),
+    ):
+        w0 = torch.ones(3, requires_grad=True)
+        w = w0 * 2.0  # not a leaf
+        w.retain_grad()
+        (w**2).sum().backward(create_graph=True)
+        opt = build(w)
+        opt.step()
+        (w**3).sum().backward()  # through the update, back to w0
+        grads.append(w0.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
+    with pytest.raises(optcore.ConfigError, match="not a leaf"):
+        optcore.build_optimizer({"type": "SGD"}, [torch.ones(3, requires_grad=True) * 2.0])
