@@ -41,7 +41,7 @@ def test_ctrl_c_keeps_the_finished_runs(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen(
         [sys.executable, "-m", "optcore.cli", "compare", "--optimizers", "AdamW,torch:SGD,Adam,NAdam,RMSprop",
-         "--steps", "60", "--in-process", "--quiet", "--out", str(out)],
+         "--steps", "400", "--in-process", "--quiet", "--out", str(out)],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     results = out / "results.json"
@@ -57,7 +57,7 @@ def test_ctrl_c_keeps_the_finished_runs(tmp_path):
     doc = json.loads(results.read_text())
     assert doc["interrupted"] and not doc["complete"]
     finished = [r for r in doc["results"]]
-    assert 1 <= len(finished) < 5 and all(r["status"] == "ok" and len(r["losses"]) == 60 for r in finished)
+    assert 1 <= len(finished) < 5 and all(r["status"] == "ok" and len(r["losses"]) == 400 for r in finished)
     assert [r["name"] for r in doc["rows"]] and "Interrupted" in printed and "finished runs" in printed
 
 
