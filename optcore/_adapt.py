@@ -103,6 +103,15 @@ def capabilities(target: type) -> dict[str, bool]:
     }
 
 
+def _original_step(cls: type, passes_closure: bool) -> Any:
+    """The class's own ``step`` without torch's profiling wrapper. torch runs the
+    steps that re-evaluate a closure (LBFGS) outside dynamo; so does the adapter,
+    or a compiled step would trace into the closure and give other numbers."""
+    step = _unhooked(inspect.getattr_static(cls, "step"))
+    # The reason as dynamo words it when it disables torch's own LBFGS.step.
+    return torch.compiler.disable(step, reason=f"optimizer {cls} step not supported") if passes_closure else step
+
+
 def _unhooked(func: Any) -> Any:
     """``func`` without torch's ``profile_hook_step`` wrapper(s)."""
     while getattr(func, "hooked", False) and hasattr(func, "__wrapped__"):
@@ -134,7 +143,7 @@ def adapt(
             **flags,
             # Looked up once here, not per step: torch.compile cannot trace
             # ``super().step.__func__`` (five graph breaks for AdamW).
-            "_original_step": staticmethod(_unhooked(inspect.getattr_static(cls, "step"))),
+            "_original_step": staticmethod(_original_step(cls, flags.get("_passes_closure", False))),
             "adapted_from": cls,
         }
         # A member the class already defines for its own use (pytorch_optimizer's

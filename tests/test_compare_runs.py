@@ -43,6 +43,9 @@ def test_ctrl_c_keeps_the_finished_runs(tmp_path):
         [sys.executable, "-m", "optcore.cli", "compare", "--optimizers", "AdamW,torch:SGD,Adam,NAdam,RMSprop",
          "--steps", "400", "--in-process", "--quiet", "--out", str(out)],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # A shell's background job starts with SIGINT ignored, and Python keeps an inherited
+        # SIG_IGN: give the child the default, so Ctrl-C reaches it as it does in a terminal.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     results = out / "results.json"
     deadline = time.monotonic() + 240

@@ -75,12 +75,7 @@ def test_adapted_torch_optimizer_adds_no_graph_break(name: str) -> None:
     plain = _plain_twin(opt, list(twin_model.parameters()))
     ours, theirs = _graph_breaks(opt, model), _graph_breaks(plain, twin_model)
     extra = sorted(set(ours) - set(theirs))
-    if not getattr(opt, "_passes_closure", False):
-        assert not extra, f"optcore's {name} adds graph breaks torch's does not have: {extra}"
-    # LBFGS: torch wraps its step in torch.compiler.disable (one "skip" break, nothing traced).
-    # The adapter calls the step beneath torch's wrappers, so dynamo traces into it and into the
-    # closure it evaluates (zero_grad, the model, loss.item()) and breaks there instead. Known
-    # difference (see the session note); the results are still compared.
+    assert not extra, f"optcore's {name} adds graph breaks torch's does not have: {extra}"
     if not opt.param_groups[0].get("fused"):
         # Fused kernels are not traced (torch disables dynamo for them); each frame
         # on the stack then re-breaks at the call, and the adapter is one frame more.
