@@ -106,10 +106,18 @@ def capabilities(target: type) -> dict[str, bool]:
 def _original_step(cls: type, passes_closure: bool) -> Any:
     """The class's own ``step`` without torch's profiling wrapper. torch runs the
     steps that re-evaluate a closure (LBFGS) outside dynamo; so does the adapter,
-    or a compiled step would trace into the closure and give other numbers."""
+    or a compiled step would trace into the closure and give other numbers.
+
+    Built eagerly only when dynamo is already imported, with the reason dynamo
+    gives for torch's own LBFGS.step; otherwise through ``torch._disable_dynamo``,
+    torch's lazy form of the same (what ``torch.optim`` uses), which imports
+    dynamo (~1 s) on the step's first call, so ``optcore list`` never pays for it."""
     step = _unhooked(inspect.getattr_static(cls, "step"))
-    # The reason as dynamo words it when it disables torch's own LBFGS.step.
-    return torch.compiler.disable(step, reason=f"optimizer {cls} step not supported") if passes_closure else step
+    if not passes_closure:
+        return step
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.disable(step, reason=f"optimizer {cls} step not supported")
+    return torch._disable_dynamo(step)
 
 
 def _unhooked(func: Any) -> Any:
