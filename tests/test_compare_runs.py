@@ -80,3 +80,58 @@ def test_the_losses_say_which_they_are(tmp_path, capsys):
                  "--out", str(tmp_path / "out")]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "train loss" in printed and "held-out final" in printed
+
+
+def test_runs_side_by_side_give_the_same_numbers_in_plan_order(tmp_path):
+    """``--jobs 2`` runs two fresh processes at a time: every number but the
+    timings is what one at a time gives, and results keep the plan's order."""
+    docs = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / jobs
+        assert main(["compare", "--optimizers", "torch:SGD,AdamW,Adam", "--steps", "12", "--quiet",
+                     "--jobs", jobs, "--out", str(out)]) == 0  # fmt: skip
+        docs[jobs] = json.loads((out / "results.json").read_text())
+    assert docs["2"]["settings"]["jobs"] == 2 and "2 at a time" in docs["2"]["settings"]["isolation"]
+    for one, two in zip(docs["1"]["results"], docs["2"]["results"], strict=True):
+        assert (one["name"], one["losses"], one["final"]) == (two["name"], two["losses"], two["final"])
+    assert [r["name"] for r in docs["2"]["results"]] == ["torch:SGD", "AdamW", "Adam"]
+
+
+def test_default_jobs_fill_the_cores_and_stay_one_where_runs_would_share():
+    from optcore.compare.runner import default_jobs
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert default_jobs(1, "cpu", False) == cores
+    assert default_jobs(2, "cpu", False) == max(1, cores // 2)
+    assert default_jobs(0, "cpu", False) == 1  # a run takes torch's default: every core
+    assert default_jobs(1, "cuda", False) == 1 and default_jobs(1, "cpu", True) == 1
+
+
+def test_in_process_runs_one_at_a_time(tmp_path, capsys):
+    assert main(["compare", "--optimizers", "torch:SGD", "--steps", "1", "--in-process", "--jobs", "2",
+                 "--quiet", "--out", str(tmp_path)]) == 1  # fmt: skip
+    assert "--in-process runs one config at a time" in capsys.readouterr().err
+
+
+def test_ctrl_c_with_runs_side_by_side_stops_them_and_keeps_the_finished(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "optcore.cli", "compare", "--optimizers", "torch:SGD,AdamW,Adam,NAdam,RMSprop",
+         "--steps", "2000", "--jobs", "2", "--quiet", "--out", str(out)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        start_new_session=True,  # Ctrl-C to the parent alone: its stop must end the children
+    )  # fmt: skip
+    results = out / "results.json"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None and not results.exists():
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert process.poll() is None, process.communicate()[0]
+    process.send_signal(signal.SIGINT)
+    printed, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, printed
+    doc = json.loads(results.read_text())
+    assert doc["interrupted"] and not doc["complete"] and len(doc["results"]) < 5
+    assert all(r["status"] == "ok" and len(r["losses"]) == 2000 for r in doc["results"])

@@ -76,7 +76,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .report import plot_curves, plot_sweep, print_notes, render_table, write_results
-    from .runner import run_one
+    from .runner import default_jobs, run_all, run_one
     from .sweep import Budget, parse_duration, parse_lrs, parse_seeds, plan, ranking_line, summarise
     from .tasks import load_task
 
@@ -94,7 +94,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=False)
     if not console.is_terminal:  # a log file or a pipe: room for the whole table
         console = Console(soft_wrap=False, width=150)
+    jobs = args.jobs if args.jobs is not None else default_jobs(args.threads, settings.device, args.in_process)
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {jobs}.", problems=[("jobs", "< 1")])
+    if jobs > 1 and args.in_process:
+        raise ConfigError("--in-process runs one config at a time; drop --jobs or --in-process.",
+                          problems=[("jobs", "needs fresh processes")])  # fmt: skip
     isolation = "in-process" if args.in_process else "one fresh process per run (spawn)"
+    if jobs > 1:
+        isolation += f", {jobs} at a time"
     summary = f"{task.describe()}, {settings.steps} steps, seeds {','.join(map(str, seeds))}, {settings.device}"
     memory_note = (
         "peak resident memory of the run's own process, and its growth (Δ) from just before the optimizer was built"
@@ -106,6 +114,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {
         "task": {"spec": settings.task, "name": task.name, "description": task.describe()},
         "settings": {"steps": settings.steps, "seeds": seeds, "device": settings.device, "threads": args.threads,
+                     "jobs": jobs,
                      "isolation": isolation, "lr_sweep": args.lr_sweep, "lrs": lrs, "budget_s": budget.seconds},
         "summary": summary, "memory_note": memory_note, "complete": False, "interrupted": False,
         "planned_runs": len(runs), "results": [], "rows": [], "cut": None,
@@ -116,6 +125,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     results: list[dict[str, Any]] = doc["results"]
     per_config = {e["name"]: sum(r.config == e["name"] for r in runs) for e in entries}
+    order = {id(run): i for i, run in enumerate(runs)}
+    finished: list[tuple[int, dict[str, Any]]] = []
     started = time.perf_counter()
     columns = (
         TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
@@ -125,30 +136,38 @@ def cmd_compare(args: argparse.Namespace) -> int:
         with Progress(*columns, console=console, disable=args.quiet) as progress:
             bars = {name: progress.add_task(name[:22], total=n * settings.steps, loss="-", at="", start=False)
                     for name, n in per_config.items()}  # fmt: skip
-            done = dict.fromkeys(per_config, 0)
-            for run in runs:
-                if not budget.allows(run, time.perf_counter() - started):
-                    continue
+            steps_done: dict[int, int] = {}  # plan index -> steps trained (finished runs: all of them)
+
+            def show(run: Any, step: int, loss: float | None = None) -> None:
+                steps_done[order[id(run)]] = step
                 bar = bars[run.config]
+                completed = sum(steps_done.get(order[id(r)], 0) for r in runs if r.config == run.config)
                 at = f"(lr {run.lr:g}, seed {run.seed})" if run.lr is not None else f"(seed {run.seed})"
+                fields = {"loss": f"{loss:.3f}", "at": at} if loss is not None else {}
+                progress.start_task(bar)
+                progress.update(bar, completed=completed, **fields)
 
-                def report(step: int, loss: float, bar: Any = bar, base: int = done[run.config], at: str = at) -> None:
-                    progress.start_task(bar)
-                    progress.update(bar, completed=base + step, loss=f"{loss:.3f}", at=at)
-
+            def execute(run: Any, stop: Any) -> dict[str, Any]:
                 begin = time.perf_counter()
                 result = run_one(run.entry, dataclasses.replace(settings, seed=run.seed), not args.in_process,
-                                 args.threads, report)  # fmt: skip
+                                 args.threads, lambda step, loss: show(run, step, loss), stop)  # fmt: skip
+                result["_wall"] = time.perf_counter() - begin
+                return result
+
+            def record(run: Any, result: dict[str, Any]) -> None:
                 result["name"], result["seed"] = run.config, run.seed
                 if run.lr is not None:
                     result["lr"] = run.lr
-                budget.record(run, time.perf_counter() - begin)
-                done[run.config] += settings.steps
-                progress.update(bar, completed=done[run.config])
+                budget.record(run, result.pop("_wall"))
+                show(run, settings.steps)
                 if result["status"] != "ok":
-                    progress.update(bar, description=f"{run.config[:15]} {result['status']}")
-                results.append(result)
+                    progress.update(bars[run.config], description=f"{run.config[:15]} {result['status']}")
+                finished.append((order[id(run)], result))
+                results[:] = [r for _, r in sorted(finished, key=lambda pair: pair[0])]  # plan order
                 write_results(out / "results.json", doc)  # an interrupted run keeps what finished
+
+            run_all(runs, execute, jobs=jobs, admit=lambda run: budget.allows(run, time.perf_counter() - started),
+                    finished=record)  # fmt: skip
     except KeyboardInterrupt:
         doc["interrupted"] = True
     rows = summarise(entries, results)
@@ -260,6 +279,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--lrs", help="run each config at these lrs, e.g. 1e-3,3e-3,1e-2; compare at the best")
     p.add_argument("--budget", help="stay within this wall time (90s, 10m, 1h): later runs are cut, and reported")
     p.add_argument("--out", help=f"directory for the results (default: a new {DEFAULT_OUT}/<date-time>/)")
+    p.add_argument("--jobs", type=int, help="runs at a time, each in its own process (default: one per CPU core "
+                   "divided by --threads; 1 on an accelerator). Results do not depend on it; use 1 for steadier "
+                   "steps/s")  # fmt: skip
     p.add_argument("--in-process", action="store_true", help="run every config in this process (faster start)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_compare)

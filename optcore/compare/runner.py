@@ -1,17 +1,27 @@
-"""Run one config, here or in a fresh process.
+"""Run one config, here or in a fresh process; and a plan of runs, several at a time.
 
 A fresh process (multiprocessing "spawn") per run makes its peak memory its
 own and keeps one config from disturbing the next (allocator caches, threads,
 a crash); in-process runs start faster and reset the kernel's peak-RSS mark
 between configs instead.
+
+The compare models are small and train on one thread, so on a machine with
+several cores one run at a time leaves the others idle: :func:`run_all` keeps
+up to ``jobs`` fresh processes busy (one per core by default, see
+:func:`default_jobs`), each waited on by a thread of this process. The
+numbers do not change (each run is seeded and single-threaded, tested);
+steps/s is then measured with the other cores busy, alike for every run.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue as queues
-from collections.abc import Callable
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,13 +34,15 @@ def run_one(
     isolate: bool = True,
     threads: int | None = 1,
     report: Callable[[int, float], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Run one entry (in a fresh process with ``isolate``); ``report(step, loss)``
     follows the training loss. Never raises for a bad config: the result says
-    ``failed``. KeyboardInterrupt propagates (the caller keeps what finished)."""
+    ``failed``. KeyboardInterrupt propagates (the caller keeps what finished);
+    setting ``stop`` ends an isolated run early (its process is terminated)."""
     on_step = report or (lambda step, loss: None)
     if isolate:
-        return _run_isolated(entry, settings, threads, on_step)
+        return _run_isolated(entry, settings, threads, on_step, stop)
     return _run_here(entry, settings, threads, lambda step, loss, lr: on_step(step, loss))
 
 
@@ -61,7 +73,8 @@ def _worker(entry: dict[str, Any], settings: RunSettings, threads: int | None, c
 
 
 def _run_isolated(
-    entry: dict[str, Any], settings: RunSettings, threads: int | None, report: Callable[..., None]
+    entry: dict[str, Any], settings: RunSettings, threads: int | None, report: Callable[..., None],
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     channel = ctx.Queue()
@@ -69,7 +82,7 @@ def _run_isolated(
     process.start()
     result = None
     try:
-        while result is None:
+        while result is None and not (stop is not None and stop.is_set()):
             try:
                 message = channel.get(timeout=0.2)
             except queues.Empty:
@@ -80,7 +93,8 @@ def _run_isolated(
                 report(message[1], message[2])
             else:
                 result = message[1]
-        process.join(timeout=30)
+        if result is not None or not process.is_alive():  # else stopped: terminated below
+            process.join(timeout=30)
     finally:
         if process.is_alive():
             process.terminate()
@@ -90,3 +104,59 @@ def _run_isolated(
         result["status"] = "failed"
         result["error"] = f"the worker process exited with code {process.exitcode} before reporting"
     return result
+
+
+def default_jobs(threads: int | None, device: str, in_process: bool) -> int:
+    """Runs at a time when the user does not say: one per core this process may
+    use, divided by the threads each run takes; one for in-process runs, on an
+    accelerator (they would share it), or when a run takes every core (``threads``
+    0 or None: torch's default)."""
+    if in_process or not device.startswith("cpu") or not threads:
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // threads)
+
+
+R = TypeVar("R")
+
+
+def run_all(
+    runs: Sequence[R],
+    execute: Callable[[R, threading.Event], dict[str, Any]],
+    *,
+    jobs: int,
+    admit: Callable[[R], bool],
+    finished: Callable[[R, dict[str, Any]], None],
+) -> None:
+    """Run ``runs`` in order, up to ``jobs`` at a time: each starts when a slot is
+    free and ``admit(run)`` says yes (a budget); ``finished(run, result)`` is
+    called in this thread as each one ends, so the caller's bookkeeping needs no
+    lock. With ``jobs=1`` this is the plain loop. KeyboardInterrupt stops the
+    runs in flight (their processes are terminated, their results dropped) and
+    propagates."""
+    stop = threading.Event()
+    if jobs <= 1:  # here, in this thread: Ctrl-C reaches an in-process run at once
+        for run in runs:
+            if admit(run):
+                finished(run, execute(run, stop))
+        return
+    queue = list(runs)
+    inflight: dict[Future[dict[str, Any]], R] = {}
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="optcore-run") as pool:
+        try:
+            while queue or inflight:
+                while queue and len(inflight) < jobs:
+                    run = queue.pop(0)
+                    if admit(run):
+                        inflight[pool.submit(execute, run, stop)] = run
+                if not inflight:
+                    continue
+                done, _ = wait(inflight, timeout=0.25, return_when=FIRST_COMPLETED)
+                for future in [f for f in inflight if f in done]:  # in plan order
+                    finished(inflight.pop(future), future.result())
+        except BaseException:
+            stop.set()
+            raise
