@@ -93,7 +93,9 @@ def render_compare(data: dict[str, Any]) -> str:
 
 
 def render_compare_time(data: dict[str, Any]) -> str:
-    return f"{data['elapsed_s'] / 60:.1f} minutes ({data['settings']['steps']} steps x {len(data['rows'])} configs)"
+    jobs = data["settings"].get("jobs", 1)
+    side_by_side = f", {jobs} runs at a time" if jobs > 1 else ", one run at a time"
+    return f"{data['elapsed_s'] / 60:.1f} minutes ({data['settings']['steps']} steps x {len(data['rows'])} configs{side_by_side})"
 
 
 def render_setup_time(data: dict[str, Any]) -> str:
