@@ -401,3 +401,39 @@ def test_docs_reference_is_generated_from_the_registry():
     assert module.render_page() == module.PAGE.read_text(), "run: python docs/gen_schedule_plots.py"
     names = {name for name, _ in module.schedules()}
     assert {p.stem for p in module.IMG.glob("*.png")} == names
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"type": "cosine"},
+        {"type": "cosine_with_restarts", "num_cycles": 2},
+        {"type": "cosine_with_min_lr", "min_lr_rate": 0.1},
+        {"type": "cosine_warmup_with_min_lr", "min_lr_rate": 0.1},
+        {"type": "warmup_stable_decay", "num_decay_steps": 4, "warmup_type": "cosine", "decay_type": "cosine"},
+    ],
+    ids=lambda c: c["type"],
+)
+def test_cosine_schedules_share_one_cosine_formula(config, monkeypatch):
+    """Every cosine-shaped schedule decays along cosine.cosine_wave (parity with
+    transformers is tested in test_schedulers_reference)."""
+    from optcore.schedulers import cosine, staged
+
+    calls = []
+    real = cosine.cosine_wave
+    for module in (cosine, staged):
+        monkeypatch.setattr(module, "cosine_wave", lambda *a, **k: calls.append(a) or real(*a, **k))
+    optimizer = sgd()
+    scheduler = optcore.build_scheduler({**config, "warmup_steps": 2}, optimizer, num_training_steps=10)
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+    assert len(calls) >= 6  # every step of the decay (WSD: of its cosine warm-up and decay)
+
+
+def test_cosine_wave_spans_one_to_the_floor():
+    from optcore.schedulers.cosine import cosine_wave
+
+    assert cosine_wave(0.0, 0.5) == 1.0 and cosine_wave(1.0, 0.5) == 0.0
+    assert cosine_wave(1.0, 0.5, floor=0.2) == pytest.approx(0.2) and cosine_wave(0.5, 1.0) == 0.0
+    assert cosine_wave(0.5, 0.5, floor=0.2) == pytest.approx(0.6)
