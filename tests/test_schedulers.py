@@ -437,3 +437,20 @@ def test_cosine_wave_spans_one_to_the_floor():
     assert cosine_wave(0.0, 0.5) == 1.0 and cosine_wave(1.0, 0.5) == 0.0
     assert cosine_wave(1.0, 0.5, floor=0.2) == pytest.approx(0.2) and cosine_wave(0.5, 1.0) == 0.0
     assert cosine_wave(0.5, 0.5, floor=0.2) == pytest.approx(0.6)
+
+
+def test_listing_schedulers_imports_no_plugin_and_survives_a_broken_one(plugin_dist, capsys):
+    """`optcore list --schedulers` describes every name from metadata: a plugin's
+    flags and description wait for `optcore show NAME`, which loads it."""
+    from optcore.cli import describe, main
+
+    rows = {s.qualified: s.describe() for s in optcore.list_schedulers()}
+    assert "fake_sched_plugin" not in sys.modules and "broken_sched_plugin" not in sys.modules
+    tenfold = rows["fake-sched-plugin:tenfold"]
+    assert tenfold["needs_total"] is None and tenfold["description"] is None  # not known without importing it
+    assert rows["optcore:cosine"]["needs_total"] is True and rows["optcore:cosine"]["description"]
+    assert main(["list", "--schedulers", "--json"]) == 0
+    assert "fake-sched-plugin:broken" in capsys.readouterr().out
+    shown = describe("tenfold", scheduler=True)
+    assert shown["needs_total"] is False and shown["needs_metric"] is False
+    assert shown["description"].startswith("lr(t) = lr0 / 10")
