@@ -11,7 +11,10 @@ from optcore.testing import conformance_cases, run_check
 #: the inner optimizer of each wrapper (the memory-efficient one needs fp32 math and state)
 INNER = {
     "FP16Optimizer": {"optimizer": {"type": "AdamW", "lr": 1e-3}},
-    "MemoryEfficientFP16Optimizer": {"optimizer": {"type": "SGD", "lr": 0.05, "momentum": 0.9}, "allow_unsupported": True},
+    "MemoryEfficientFP16Optimizer": {
+        "optimizer": {"type": "SGD", "lr": 0.05, "momentum": 0.9},
+        "allow_unsupported": True,
+    },
 }
 
 
