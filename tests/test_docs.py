@@ -66,7 +66,8 @@ def test_docs_site_builds_with_a_reference_page_per_optimizer_and_scheduler(site
 
 def test_docs_markers_are_expanded_from_the_repository(site: Path) -> None:
     plugin = _page(site, "writing-a-plugin")
-    assert "lion_update" in plugin and "optcore.optimizers" in plugin and "test_lion_passes_the_conformance_kit" in plugin
+    assert "lion_update" in plugin and "optcore.optimizers" in plugin and "conformance_cases" in plugin
+    assert "test_lion_conformance_per_dtype" in plugin  # the per-dtype kit test, included from the plugin
     assert "state_dict_roundtrip" in plugin  # the conformance kit's checks, listed from optcore.testing
     cli = _page(site, "cli")
     assert "optcore show" in cli and "usage: optcore" in cli

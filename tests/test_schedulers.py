@@ -401,3 +401,56 @@ def test_docs_reference_is_generated_from_the_registry():
     assert module.render_page() == module.PAGE.read_text(), "run: python docs/gen_schedule_plots.py"
     names = {name for name, _ in module.schedules()}
     assert {p.stem for p in module.IMG.glob("*.png")} == names
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"type": "cosine"},
+        {"type": "cosine_with_restarts", "num_cycles": 2},
+        {"type": "cosine_with_min_lr", "min_lr_rate": 0.1},
+        {"type": "cosine_warmup_with_min_lr", "min_lr_rate": 0.1},
+        {"type": "warmup_stable_decay", "num_decay_steps": 4, "warmup_type": "cosine", "decay_type": "cosine"},
+    ],
+    ids=lambda c: c["type"],
+)
+def test_cosine_schedules_share_one_cosine_formula(config, monkeypatch):
+    """Every cosine-shaped schedule decays along cosine.cosine_wave (parity with
+    transformers is tested in test_schedulers_reference)."""
+    from optcore.schedulers import cosine, staged
+
+    calls = []
+    real = cosine.cosine_wave
+    for module in (cosine, staged):
+        monkeypatch.setattr(module, "cosine_wave", lambda *a, **k: calls.append(a) or real(*a, **k))
+    optimizer = sgd()
+    scheduler = optcore.build_scheduler({**config, "warmup_steps": 2}, optimizer, num_training_steps=10)
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+    assert len(calls) >= 6  # every step of the decay (WSD: of its cosine warm-up and decay)
+
+
+def test_cosine_wave_spans_one_to_the_floor():
+    from optcore.schedulers.cosine import cosine_wave
+
+    assert cosine_wave(0.0, 0.5) == 1.0 and cosine_wave(1.0, 0.5) == 0.0
+    assert cosine_wave(1.0, 0.5, floor=0.2) == pytest.approx(0.2) and cosine_wave(0.5, 1.0) == 0.0
+    assert cosine_wave(0.5, 0.5, floor=0.2) == pytest.approx(0.6)
+
+
+def test_listing_schedulers_imports_no_plugin_and_survives_a_broken_one(plugin_dist, capsys):
+    """`optcore list --schedulers` describes every name from metadata: a plugin's
+    flags and description wait for `optcore show NAME`, which loads it."""
+    from optcore.cli import describe, main
+
+    rows = {s.qualified: s.describe() for s in optcore.list_schedulers()}
+    assert "fake_sched_plugin" not in sys.modules and "broken_sched_plugin" not in sys.modules
+    tenfold = rows["fake-sched-plugin:tenfold"]
+    assert tenfold["needs_total"] is None and tenfold["description"] is None  # not known without importing it
+    assert rows["optcore:cosine"]["needs_total"] is True and rows["optcore:cosine"]["description"]
+    assert main(["list", "--schedulers", "--json"]) == 0
+    assert "fake-sched-plugin:broken" in capsys.readouterr().out
+    shown = describe("tenfold", scheduler=True)
+    assert shown["needs_total"] is False and shown["needs_metric"] is False
+    assert shown["description"].startswith("lr(t) = lr0 / 10")

@@ -33,7 +33,7 @@ def describe(name: str, scheduler: bool = False) -> dict[str, Any]:
                 return describe(name, scheduler=True)
             except SchedulerNotFoundError:
                 raise exc from None
-    out = spec.describe()
+    out = spec.describe(load=True) if scheduler else spec.describe()
     out["description"] = description(spec.target)
     out["providers"] = [{"provider": s.provider, "source": s.source, "type": s.qualified} for s in spec.shadowed]
     out["fields"] = _schema_rows(spec.schema)

@@ -114,9 +114,17 @@ class SchedulerSpec(OptimizerSpec):
 
         return not (self.source == "torch" and self.name in NON_DECAYING)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, load: bool = False) -> dict[str, Any]:
+        """A JSON-ready summary. ``needs_metric``, ``needs_total`` and
+        ``description`` come from the target: for torch's and the built-in
+        schedules (and any target already loaded) always; for a plugin's or a
+        package's only with ``load=True`` (``optcore show``), else ``None``, so
+        that ``optcore list`` imports no plugin code and lists a broken one."""
         out = super().describe()
-        out.update(needs_metric=self.needs_metric, needs_total=self.needs_total, description=self.description)
+        if load or self.loaded:
+            out.update(needs_metric=self.needs_metric, needs_total=self.needs_total, description=self.description)
+        else:
+            out.update(needs_metric=None, needs_total=None, description=None)
         return out
 
 

@@ -22,13 +22,40 @@ def _progress(step: int, warmup_steps: int, total: int) -> float:
     return float(step - warmup_steps) / float(max(1, total - warmup_steps))
 
 
+def cosine_wave(progress: float, cycles: float, floor: float = 0.0) -> float:
+    """``max(0, m + (1 - m) (1 + cos(2 pi c p)) / 2)``: the one cosine every
+    cosine-shaped schedule here decays along (``c = 0.5``: one half-wave from
+    1 down to the floor ``m`` as ``p`` goes from 0 to 1)."""
+    wave = 0.5 * (1.0 + math.cos(math.pi * float(cycles) * 2.0 * progress))
+    return max(0.0, wave * (1.0 - floor) + floor)
+
+
+class _WarmupThenCosine(Schedule):
+    """Linear warm-up from 0 over ``warmup_steps``, then :meth:`decay` of the
+    progress through the remaining steps (the shape of transformers' cosine
+    schedules). Subclasses set ``warmup_steps``, ``num_training_steps`` and
+    ``num_cycles``."""
+
+    warmup_steps: int
+    num_training_steps: int
+    num_cycles: float
+
+    def factor(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return linear_warmup(step, self.warmup_steps)
+        return self.decay(_progress(step, self.warmup_steps, self.num_training_steps))
+
+    def decay(self, progress: float) -> float:
+        return cosine_wave(progress, self.num_cycles)
+
+
 class CosineConfig(HParams):
     warmup_steps: WarmupSteps = 0
     num_training_steps: TrainingSteps
     num_cycles: Cycles = 0.5
 
 
-class CosineSchedule(Schedule):
+class CosineSchedule(_WarmupThenCosine):
     """Linear warm-up from 0, then cosine decay to 0 (transformers' ``cosine``).
 
     With ``W = warmup_steps``, ``T = num_training_steps``, ``c = num_cycles``
@@ -59,12 +86,6 @@ class CosineSchedule(Schedule):
         self.num_cycles = hp["num_cycles"]
         super().__init__(optimizer, last_epoch)
 
-    def factor(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return linear_warmup(step, self.warmup_steps)
-        progress = _progress(step, self.warmup_steps, self.num_training_steps)
-        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * float(self.num_cycles) * 2.0 * progress)))
-
 
 class CosineWithRestartsConfig(HParams):
     warmup_steps: WarmupSteps = 0
@@ -72,7 +93,7 @@ class CosineWithRestartsConfig(HParams):
     num_cycles: Annotated[int, Field(ge=1, description="number of hard restarts"), Literalish] = 1
 
 
-class CosineWithRestartsSchedule(Schedule):
+class CosineWithRestartsSchedule(_WarmupThenCosine):
     """Linear warm-up from 0, then ``num_cycles`` cosine decays to 0, each
     restarting at the base lr (transformers' ``cosine_with_restarts``).
 
@@ -104,13 +125,10 @@ class CosineWithRestartsSchedule(Schedule):
         self.num_cycles = hp["num_cycles"]
         super().__init__(optimizer, last_epoch)
 
-    def factor(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return linear_warmup(step, self.warmup_steps)
-        progress = _progress(step, self.warmup_steps, self.num_training_steps)
+    def decay(self, progress: float) -> float:
         if progress >= 1.0:
             return 0.0
-        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * ((float(self.num_cycles) * progress) % 1.0))))
+        return cosine_wave((float(self.num_cycles) * progress) % 1.0, 0.5)  # each cycle one half-wave
 
 
 class _MinLR(HParams):
@@ -142,7 +160,7 @@ class CosineWithMinLRConfig(_MinLR):
     num_cycles: Cycles = 0.5
 
 
-class CosineWithMinLRSchedule(Schedule):
+class CosineWithMinLRSchedule(_WarmupThenCosine):
     """Linear warm-up from 0, then cosine decay to a floor
     (transformers' ``cosine_with_min_lr``).
 
@@ -183,13 +201,8 @@ class CosineWithMinLRSchedule(Schedule):
         self.min_lr_rate = _min_lr_rate(optimizer, hp["min_lr"], hp["min_lr_rate"], self.name)
         super().__init__(optimizer, last_epoch)
 
-    def factor(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return linear_warmup(step, self.warmup_steps)
-        progress = _progress(step, self.warmup_steps, self.num_training_steps)
-        factor = 0.5 * (1.0 + math.cos(math.pi * float(self.num_cycles) * 2.0 * progress))
-        factor = factor * (1 - self.min_lr_rate) + self.min_lr_rate
-        return max(0, factor)
+    def decay(self, progress: float) -> float:
+        return cosine_wave(progress, self.num_cycles, self.min_lr_rate)
 
 
 class CosineWarmupWithMinLRConfig(_MinLR):
@@ -255,13 +268,11 @@ class CosineWarmupWithMinLRSchedule(Schedule):
                 return (t + 1.0) / max(1.0, w)
             a = float(self.warmup_lr_rate)
             return a + (1.0 - a) * t / max(1, w - 1)
-        progress = (t - w + 1.0) / max(1.0, total - w)
-        factor = 0.5 * (1.0 + math.cos(math.pi * self.num_cycles * 2.0 * progress))
-        factor = factor * (1 - self.min_lr_rate) + self.min_lr_rate
-        return max(0, factor)
+        return cosine_wave((t - w + 1.0) / max(1.0, total - w), self.num_cycles, self.min_lr_rate)
 
 
 __all__ = [
+    "cosine_wave",
     "CosineSchedule",
     "CosineWithRestartsSchedule",
     "CosineWithMinLRSchedule",

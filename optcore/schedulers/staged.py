@@ -13,6 +13,7 @@ from torch.optim import Optimizer
 from .._errors import ConfigError
 from .._schema import HParams, Literalish
 from ._base import Fraction, PositiveSteps, Schedule, Steps, WarmupSteps
+from .cosine import cosine_wave
 
 Shape = Annotated[Literal["linear", "cosine", "1-sqrt"], Literalish]
 
@@ -122,7 +123,7 @@ class WarmupStableDecaySchedule(Schedule):
             if self.warmup_type == "linear":
                 factor = progress
             elif self.warmup_type == "cosine":
-                factor = 0.5 * (1.0 - math.cos(math.pi * progress))
+                factor = cosine_wave(1.0 - progress, 0.5)  # the half-wave decay, run backwards
             else:  # "1-sqrt"
                 factor = 1.0 - math.sqrt(1.0 - progress)
             return max(0.0, factor * (1.0 - m) + m)
@@ -133,7 +134,7 @@ class WarmupStableDecaySchedule(Schedule):
             if self.decay_type == "linear":
                 factor = 1.0 - progress
             elif self.decay_type == "cosine":
-                factor = 0.5 * (1.0 + math.cos(math.pi * float(self.num_cycles) * 2.0 * progress))
+                factor = cosine_wave(progress, self.num_cycles)
             else:  # "1-sqrt"
                 factor = 1.0 - math.sqrt(progress)
             return max(0.0, factor * (1.0 - m) + m)

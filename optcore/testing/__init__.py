@@ -7,12 +7,13 @@ per-optimizer differences are *data*: a :class:`ConformanceInputs` record
 dtypes the optimizer supports. Plugins use it from their own tests::
 
     import pytest
-    from optcore.testing import CHECKS, DTYPES, run_check
+    from optcore.testing import conformance_cases, run_check
 
-    @pytest.mark.parametrize("dtype", DTYPES)
-    @pytest.mark.parametrize("check", CHECKS)
+    LION = {"type": "optcore-lion:Lion", "lr": 1e-3}
+
+    @pytest.mark.parametrize(("check", "dtype"), conformance_cases(LION))
     def test_conformance(check, dtype):
-        run_check(check, {"type": "optcore-lion:Lion", "lr": 1e-3}, dtype=dtype)
+        run_check(check, LION, dtype=dtype)
 
 and declare what differs on the class::
 
@@ -26,7 +27,8 @@ Public API (everything else in this package is private):
 - :data:`CHECKS` -- check name -> ``check(config, inputs, dtype)``, and the
   ``check_*`` functions themselves (``optcore.testing._checks``);
 - :func:`run_check`, :func:`run_conformance`, :class:`ConformanceSkip` -- running
-  them (``optcore.testing._runner``).
+  them, and :func:`conformance_cases` -- every check in every dtype the
+  optimizer declares, as pytest params (``optcore.testing._runner``).
 
 The kit's problem (a small seeded net and regression task) lives in
 ``optcore.testing._fixtures``. Each check builds fresh models with a fixed seed
@@ -50,7 +52,7 @@ from ._checks import (
     check_step_with_scale,
 )
 from ._inputs import DTYPES, ConformanceInputs, inputs_for, with_config
-from ._runner import ConformanceSkip, run_check, run_conformance
+from ._runner import ConformanceSkip, conformance_cases, run_check, run_conformance
 
 __all__ = [
     "CHECKS",
@@ -68,6 +70,7 @@ __all__ = [
     "check_state_dict_checks",
     "check_state_dict_roundtrip",
     "check_step_with_scale",
+    "conformance_cases",
     "inputs_for",
     "run_check",
     "run_conformance",

@@ -294,21 +294,8 @@ def _converges(config: dict[str, Any], inputs: ConformanceInputs, dtype: torch.d
     m = model(inputs, dtype=dtype)
     opt = build(config, m)
     batch = data(0, dtype_of(m))
-    first = float(loss(m, batch).detach())
-    losses = []
-    for _ in range(inputs.converge_steps):
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            value = loss(m, batch)
-            opt.backward(value)
-            return value
-
-        if inputs.needs_closure:
-            opt.step(closure)
-        else:
-            closure()
-            opt.step()
-        losses.append(float(loss(m, batch).detach()))
+    seen = train(opt, m, inputs.converge_steps, inputs, batch=batch)  # the loss before each step
+    first, losses = seen[0], [*seen[1:], float(loss(m, batch).detach())]  # and after each
     assert all(math.isfinite(v) for v in losses), "loss became non-finite"
     assert min(losses) < inputs.converge_ratio * first, (
         f"loss fell only from {first:.4g} to {min(losses):.4g} in {inputs.converge_steps} steps"

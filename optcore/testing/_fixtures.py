@@ -65,11 +65,24 @@ def build(config: dict[str, Any], m: nn.Module) -> Any:
     return build_optimizer(copy.deepcopy(config), m)
 
 
-def train(opt: Any, m: nn.Module, steps: int, inputs: ConformanceInputs, seed: int = 1, **step_kwargs: Any) -> list[float]:
+def train(
+    opt: Any,
+    m: nn.Module,
+    steps: int,
+    inputs: ConformanceInputs,
+    seed: int = 1,
+    batch: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **step_kwargs: Any,
+) -> list[float]:
+    """The kit's one training loop: ``steps`` optimizer steps, on batch
+    ``data(seed + i)`` at step ``i`` (or on ``batch`` at every step), through
+    ``opt.backward`` and a closure for optimizers that evaluate it themselves.
+    Returns the loss each step saw before its update."""
     losses = []
     dtype = dtype_of(m)
+    fixed = batch
     for i in range(steps):
-        batch = data(seed + i, dtype)
+        batch = fixed if fixed is not None else data(seed + i, dtype)
 
         def closure() -> torch.Tensor:
             opt.zero_grad()

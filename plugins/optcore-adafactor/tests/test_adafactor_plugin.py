@@ -84,20 +84,13 @@ def test_conformance_relative_step(check: str, config: dict) -> None:
     testing.run_check(check, {"type": OURS, **config}, inputs=testing.ConformanceInputs())
 
 
-#: grad_ops fails for non-fp32 models in the core, not here: clip_grad_norm's
-#: total_grad_norm asks _foreach_norm for float32 of float64 grads, and the kit
-#: compares a bf16 norm with a float32 one (reported to the lead).
-CORE_DTYPE_ISSUES: set[str] = set()  # the core fixed clip_grad_norm for float64 and bf16
-
-
 @needs_install
 @pytest.mark.parametrize("implementation", ["auto", "torch", "compiled"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("check", list(testing.CHECKS))
+@pytest.mark.parametrize(("check", "dtype"), testing.conformance_cases(OURS))
 def test_conformance_per_dtype_and_implementation(
-    check: str, dtype: torch.dtype, implementation: str, monkeypatch: pytest.MonkeyPatch
+    check: str, dtype: str, implementation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The kit over models built in each claimed dtype, on each implementation
+    """The kit in every dtype Adafactor declares, on each implementation
     ('compiled' traced by dynamo and run by the eager backend here, to keep the
     kit quick; test_adafactor_compile runs inductor)."""
     from optcore_adafactor import _traceable
@@ -107,11 +100,4 @@ def test_conformance_per_dtype_and_implementation(
         # Each check builds new shapes; across the whole matrix in one process they would pass
         # dynamo's recompile limit (8) for the one update function (see the plugin README).
         torch._dynamo.reset()
-    if dtype != torch.float32 and check in CORE_DTYPE_ISSUES:
-        pytest.skip(f"{check} with {dtype} models fails in optcore's core (clip_grad_norm), not in Adafactor")
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        testing.run_check(check, {"type": OURS, "implementation": implementation})
-    finally:
-        torch.set_default_dtype(previous)
+    testing.run_check(check, {"type": OURS, "implementation": implementation}, dtype=dtype)

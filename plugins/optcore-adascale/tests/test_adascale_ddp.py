@@ -84,30 +84,26 @@ KNOWN_CORE_FAILURES = {}  # none left: the core and kit fixes landed
 
 def _conformance_on_two_ranks() -> None:
     """optcore's conformance kit, whose loop runs one backward per step: on 2 ranks
-    that is 2 gradient samples with num_gradients_to_accumulate=1. The kit builds its
-    model and data in the default dtype, so float64 runs the whole kit in float64."""
+    that is 2 gradient samples with num_gradients_to_accumulate=1, in float32 and
+    float64 (the kit builds its model and data in the dtype it is given)."""
     from optcore.testing import CHECKS, ConformanceInputs, run_check
 
     inputs = ConformanceInputs(config={"lr": 0.05, "momentum": 0.9})
     for dtype in (torch.float32, torch.float64):
-        torch.set_default_dtype(dtype)
-        try:
-            for check in CHECKS:
-                known = KNOWN_CORE_FAILURES.get((dtype, check))
-                if known:  # strict: passing means the core was fixed; drop the entry
-                    try:
-                        run_check(check, {"type": "AdaScaleSGD"}, inputs)
-                    except Exception as exc:  # noqa: BLE001
-                        assert known in str(exc), (dtype, check, exc)
-                    else:
-                        raise AssertionError(f"{dtype} {check} passes now: remove it from KNOWN_CORE_FAILURES")
-                    continue
+        for check in CHECKS:
+            known = KNOWN_CORE_FAILURES.get((dtype, check))
+            if known:  # strict: passing means the core was fixed; drop the entry
                 try:
-                    run_check(check, {"type": "AdaScaleSGD"}, inputs)
-                except Exception as exc:
-                    raise AssertionError(f"{dtype} {check}: {exc}") from exc
-        finally:
-            torch.set_default_dtype(torch.float32)
+                    run_check(check, {"type": "AdaScaleSGD"}, inputs, dtype=dtype)
+                except Exception as exc:  # noqa: BLE001
+                    assert known in str(exc), (dtype, check, exc)
+                else:
+                    raise AssertionError(f"{dtype} {check} passes now: remove it from KNOWN_CORE_FAILURES")
+                continue
+            try:
+                run_check(check, {"type": "AdaScaleSGD"}, inputs, dtype=dtype)
+            except Exception as exc:
+                raise AssertionError(f"{dtype} {check}: {exc}") from exc
 
 
 def _worker(rank: int, world_size: int) -> None:

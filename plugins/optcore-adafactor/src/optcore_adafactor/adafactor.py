@@ -100,9 +100,11 @@ class Adafactor(Optimizer):
     #: torch.amp.GradScaler hands over grad_scale/found_inf instead of unscaling.
     _step_supports_amp_scaling: ClassVar[bool] = True
     #: For optcore.testing: the shared checks include set_lr and LR schedulers,
-    #: which need the manual-lr mode (relative-step mode is checked by the plugin's tests).
+    #: which need the manual-lr mode (relative-step mode is checked by the plugin's tests),
+    #: in every parameter dtype it steps.
     conformance_inputs: ClassVar[dict[str, Any]] = {
-        "config": {"lr": 1e-2, "relative_step": False, "scale_parameter": False}
+        "config": {"lr": 1e-2, "relative_step": False, "scale_parameter": False},
+        "dtypes": ("float32", "float64", "bfloat16"),
     }
 
     def __init__(

@@ -104,6 +104,9 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
     supports_step_with_scale: bool = True
     supports_flat_params: ClassVar[bool] = False
     supports_memory_efficient_fp16: ClassVar[bool] = False
+    #: for optcore.testing: fp16 and bf16 parameters (precision='fp16' / 'bf16'), and fp32/fp64
+    #: ones, which the wrappers accept with a warning and must still step by the contract
+    conformance_inputs: ClassVar[dict[str, Any]] = {"dtypes": ("float32", "float64", "bfloat16", "float16")}
 
     @classmethod
     def param_dtype_for(cls, hparams: Mapping[str, Any]) -> torch.dtype:

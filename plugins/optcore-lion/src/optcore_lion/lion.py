@@ -181,7 +181,10 @@ class Lion(Optimizer):
     supports_flat_params: ClassVar[bool] = True
     supports_groups: ClassVar[bool] = True
     _step_supports_amp_scaling = True  # read by torch.amp.GradScaler: we unscale and skip ourselves
-    conformance_inputs: ClassVar[dict[str, Any]] = {"config": {"lr": 1e-3}}  # for optcore.testing
+    #: for optcore.testing: a usable lr, and every parameter dtype Lion steps (fp16/bf16 with fp32 momentum)
+    conformance_inputs: ClassVar[dict[str, Any]] = {
+        "config": {"lr": 1e-3}, "dtypes": ("float32", "float64", "bfloat16", "float16")
+    }
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
                  weight_decay: float = 0.0, *, maximize: bool = False, foreach: bool | None = None,
