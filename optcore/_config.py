@@ -14,7 +14,7 @@ from typing import Any
 
 from ._config_files import read_config_file
 from ._errors import ConfigError
-from ._schema import parse_optim_args
+from ._literals import parse_optim_args
 
 def to_plain(config: Any) -> Any:
     """Recursively convert DictConfig / pydantic models into dicts and lists."""
