@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ._packages import KNOWN_PACKAGES, PackageRegistries, is_installed, load_package_class, memo
+from ._packages import KNOWN_PACKAGES, PackageRegistries, is_installed, load_package_class
 from ._plugins import OPTIMIZERS_GROUP
 from ._resolution import Registry, ShadowedNameWarning
 from ._spec import OptimizerSpec
@@ -80,7 +80,7 @@ def _package_specs() -> list[OptimizerSpec]:
                     source="package",
                     provider=pkg.distribution,
                     qualified=f"{pkg.module}:{cls}",
-                    loader=memo(functools.partial(load_package_class, pkg, cls)),
+                    loader=functools.cache(functools.partial(load_package_class, pkg, cls)),  # loaded once
                 )
             )
     return specs
