@@ -25,23 +25,23 @@ _LAZY = {
     "Optimizer": "._contract",
     "ContractMixin": "._contract",
     "GroupSelector": "._contract",
-    "by_device_and_dtype": "._contract",
-    "total_grad_norm": "._contract",
+    "by_device_and_dtype": "._grads",
+    "total_grad_norm": "._grads",
     "adapt": "._adapt",
-    "HParams": "._schema",
+    "HParams": "._fields",
     "validate_hparams": "._schema",
     "schema_from_signature": "._schema",
-    "parse_optim_args": "._schema",
-    "parse_literal": "._schema",
-    "LR": "._schema",
-    "Beta": "._schema",
-    "Betas": "._schema",
-    "Eps": "._schema",
-    "WeightDecay": "._schema",
-    "Momentum": "._schema",
-    "Flag": "._schema",
-    "OptionalFlag": "._schema",
-    "Literalish": "._schema",
+    "parse_optim_args": "._literals",
+    "parse_literal": "._literals",
+    "LR": "._fields",
+    "Beta": "._fields",
+    "Betas": "._fields",
+    "Eps": "._fields",
+    "WeightDecay": "._fields",
+    "Momentum": "._fields",
+    "Flag": "._fields",
+    "OptionalFlag": "._fields",
+    "Literalish": "._fields",
     "OptimizerSpec": "._spec",
     "Capabilities": "._spec",
     "resolve": "._registry",
@@ -101,6 +101,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ._hooks import get_plugin_manager, hookimpl, hookspec
     from ._params import build_param_groups
     from ._registry import list_optimizers, register_optimizer, resolve, unregister_optimizer
-    from ._schema import HParams, parse_literal, parse_optim_args, schema_from_signature, validate_hparams
+    from ._fields import HParams
+    from ._literals import parse_literal, parse_optim_args
+    from ._schema import schema_from_signature, validate_hparams
     from ._spec import Capabilities, OptimizerSpec
     from ._unwrap import unwrap

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._contract import ContractMixin, grad_scale_tensor, param_groups_assignable
+from ._contract import ContractMixin, param_groups_assignable
 
 _cache: dict[type, type] = {}
 _lock = threading.Lock()
@@ -48,6 +48,13 @@ class _FusedScaleMixin(ContractMixin):
                 del self.grad_scale
             else:
                 self.grad_scale = previous
+
+
+def grad_scale_tensor(scale: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``scale`` as a float32 scalar tensor on ``like``'s device (what fused kernels take)."""
+    if isinstance(scale, torch.Tensor):
+        return scale.to(device=like.device, dtype=torch.float32)
+    return torch.tensor(float(scale), dtype=torch.float32, device=like.device)
 
 
 def _class_flags(

@@ -1,4 +1,5 @@
-"""Checks a state dict passes before an optimizer loads it.
+"""Checkpoints: the contract's ``state_dict``/``load_state_dict`` (and copy and
+pickle), and the checks a state dict passes before an optimizer loads it.
 
 torch's ``load_state_dict`` checks only the number of parameters per group, so
 state saved for ``Linear(32, 32)`` loads into ``Linear(64, 64)`` and the next
@@ -21,6 +22,83 @@ from ._errors import ConfigError
 
 #: State dtypes that hold quantised floats (bitsandbytes' 8-bit moments), not integers.
 _QUANTISED = ("uint8", "int8")
+
+
+class CheckpointMixin:
+    """The contract's checkpoint members, for :class:`~optcore._contract.ContractMixin`:
+    they read ``optcore_spec`` (set by the build), ``param_groups`` and ``defaults``."""
+
+    param_groups: list[dict[str, Any]]
+    defaults: dict[str, Any]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Keep every attribute on copy/pickle (torch keeps only ``defaults``,
+        ``state`` and ``param_groups``, which breaks classes that store more,
+        e.g. LBFGS's ``_params`` or lion-pytorch's ``decoupled_wd``). A ``step``
+        patched onto the instance by an LR scheduler stays behind: it is bound
+        to this object, and a copy has no scheduler."""
+        state = self.__dict__.copy()
+        state.pop("step", None)
+        return state
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """torch's state dict, plus ``"optcore": {"name", "provider", "version",
+        "param_shapes"}`` when built by optcore: who saved it (so loading it into
+        another optimizer is an error) and the shape of every parameter with state
+        (so loading it over other parameters is an error, not a crash)."""
+        state_dict = super().state_dict()  # type: ignore[misc]
+        spec = getattr(self, "optcore_spec", None)
+        if spec is None or not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
+            return state_dict
+        shapes: dict[int, list[int]] = {}
+        for saved, group in zip(state_dict["param_groups"], self.param_groups):
+            for index, param in zip(saved.get("params", ()), group["params"]):
+                if index in state_dict.get("state", {}):
+                    shapes[index] = list(param.shape)
+        state_dict["optcore"] = {
+            "name": spec.name, "provider": spec.provider, "version": _version_text(spec.version), "param_shapes": shapes,
+        }
+        return state_dict
+
+    def load_state_dict(  # type: ignore[override]
+        self,
+        state_dict: Mapping[str, Any],
+        optimizer_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Load ``state_dict``, then replace hyper-parameters of every loaded
+        group with ``optimizer_overrides`` (for example a new ``lr`` on resume).
+
+        Checked first, so a wrong checkpoint changes nothing: state saved by
+        another optimizer, or for parameters of other shapes, is a
+        :class:`ConfigError`; another version of the same optimizer loads with a
+        warning. A plain torch state dict (no ``"optcore"`` entry) loads as in torch.
+        """
+        state_dict = check_state_dict(self, state_dict)
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        if optimizer_overrides:
+            known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
+            unknown = sorted(set(optimizer_overrides) - known)
+            if unknown:
+                raise ConfigError(
+                    f"optimizer_overrides has unknown hyper-parameter(s) {unknown}; "
+                    f"this optimizer has {sorted(known - {'param_names'})}.",
+                    problems=[(k, "unknown hyper-parameter") for k in unknown],
+                    accepted=sorted(known),
+                )
+            for group in self.param_groups:
+                for key, value in optimizer_overrides.items():
+                    if key == "lr" and group.get("lr_scale", 1.0) != 1.0:
+                        value = value * group["lr_scale"]
+                    if isinstance(group.get(key), Tensor) and not isinstance(value, Tensor):
+                        group[key].fill_(value)
+                    else:
+                        group[key] = value
+            self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
+
+
+def _version_text(version: Any) -> str | None:
+    """A plain ``str`` (torch's ``TorchVersion`` would not load with ``weights_only=True``)."""
+    return None if version is None else str.__str__(version)
 
 
 def check_state_dict(optimizer: Any, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -2,19 +2,18 @@
 
 Accepted: a mapping, a pydantic model, an OmegaConf/Hydra ``DictConfig``, a
 plain string (the type name), and the nested form ``{"optimizer": {...}}``.
-Files (JSON, YAML, TOML) are read by :func:`load_config_file`. Nothing is ever
-``eval``-ed.
+Files (JSON, YAML, TOML) are the applications' to read (:mod:`optcore.files`).
+Nothing is ever ``eval``-ed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from ._config_files import read_config_file
 from ._errors import ConfigError
-from ._schema import parse_optim_args
+from ._literals import parse_optim_args
+
 
 def to_plain(config: Any) -> Any:
     """Recursively convert DictConfig / pydantic models into dicts and lists."""
@@ -90,13 +89,3 @@ def merge_kwargs(cfg: dict[str, Any], key: str) -> None:
         )
     cfg.update(extra)
 
-
-def load_config_file(path: str | Path, **limits: int) -> Any:
-    """Read a JSON, YAML or TOML file into plain Python data.
-
-    Size, encoding, nesting depth and (alias-expanded) value count are
-    limited, so a hostile or broken file is one :class:`ConfigError` at once;
-    ``limits`` (``max_bytes``, ``max_depth``, ``max_nodes``) raise or lower
-    them (see :mod:`optcore._config_files`).
-    """
-    return read_config_file(path, **limits)

@@ -6,19 +6,25 @@ and implement ``step(closure, scale, groups)`` natively. Classes from
 subclass that mixes :class:`ContractMixin` in front of the original class, so
 ``isinstance(opt, torch.optim.AdamW)`` still holds, the original ``step`` runs
 unchanged, and the adapter costs one Python call per step.
+
+The contract's checkpoint members live in :mod:`._checkpoint`, its collective
+(``average_params``) in :mod:`._averaging`, and the gradient arithmetic it
+shares with the precision wrappers in :mod:`._grads`; this module holds the
+capability flags, the learning rate and gradient members, and ``step``.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from ._checkpoint import check_state_dict
+from ._averaging import AveragingMixin
+from ._checkpoint import CheckpointMixin
 from ._errors import ConfigError
+from ._grads import by_device_and_dtype, params_with_grad, total_grad_norm
 
 GroupSelector = Sequence[int | str] | int | str | None
 
@@ -26,43 +32,7 @@ GroupSelector = Sequence[int | str] | int | str | None
 _NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale"})
 
 
-def _params_with_grad(groups: Iterable[Mapping[str, Any]]) -> list[Tensor]:
-    return [p for g in groups for p in g["params"] if p.grad is not None]
-
-
-def by_device_and_dtype(tensors: Iterable[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[Tensor]]:
-    """Tensors bucketed by (device, dtype): the unit of torch's ``_foreach_`` ops."""
-    buckets: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
-    for t in tensors:
-        buckets.setdefault((t.device, t.dtype), []).append(t)
-    return buckets
-
-
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype | None:
-    """fp32, or the grads' own precision when it is higher (fp64); None for
-    non-floating grads (complex), whose norm torch computes in their precision."""
-    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else None
-
-
-def total_grad_norm(grads: Sequence[Tensor]) -> Tensor:
-    """The 2-norm of all ``grads`` together, one fused call per bucket.
-
-    Accumulated in at least fp32 (an fp16 grad whose norm exceeds 65504 is not
-    an overflow) and in the grads' own precision when higher: fp64 grads get an
-    fp64 norm, as ``torch.nn.utils.get_total_norm`` gives."""
-    if not grads:
-        return torch.zeros(())
-    norms = []
-    for (_, dtype), bucket in by_device_and_dtype(grads).items():
-        acc = _accumulation_dtype(dtype)
-        per_tensor = torch._foreach_norm(bucket, 2.0) if acc is None else torch._foreach_norm(bucket, 2.0, dtype=acc)
-        norms.append(torch.linalg.vector_norm(torch.stack(per_tensor), 2.0))
-    first = norms[0].device
-    dtype = functools.reduce(torch.promote_types, (n.dtype for n in norms))
-    return torch.linalg.vector_norm(torch.stack([n.to(first, dtype) for n in norms]), 2.0)
-
-
-class ContractMixin:
+class ContractMixin(CheckpointMixin, AveragingMixin):
     """The members API.md promises, on top of ``torch.optim.Optimizer``.
 
     Capability flags are class attributes that subclasses (or :func:`adapt`)
@@ -145,7 +115,7 @@ class ContractMixin:
         if not isinstance(c, Tensor) and c == 1.0:
             return
         for (device, _), grads in by_device_and_dtype(
-            p.grad for p in _params_with_grad(self.param_groups)
+            p.grad for p in params_with_grad(self.param_groups)
         ).items():
             factor = c.to(device) if isinstance(c, Tensor) else c
             torch._foreach_mul_(grads, factor)
@@ -162,7 +132,7 @@ class ContractMixin:
         clipping. A non-finite norm is returned without touching the gradients,
         so the caller (or a loss scaler) can skip the step.
         """
-        grads = [p.grad for p in _params_with_grad(self.param_groups)]
+        grads = [p.grad for p in params_with_grad(self.param_groups)]
         if not grads:
             return torch.zeros(())
         total = total_grad_norm(grads)
@@ -293,146 +263,6 @@ class ContractMixin:
     def _step_with_grad_scale(self, scale: float) -> None:
         raise NotImplementedError
 
-    # --------------------------------------------------------------- checkpoint
-    def __getstate__(self) -> dict[str, Any]:
-        """Keep every attribute on copy/pickle (torch keeps only ``defaults``,
-        ``state`` and ``param_groups``, which breaks classes that store more,
-        e.g. LBFGS's ``_params`` or lion-pytorch's ``decoupled_wd``). A ``step``
-        patched onto the instance by an LR scheduler stays behind: it is bound
-        to this object, and a copy has no scheduler."""
-        state = self.__dict__.copy()
-        state.pop("step", None)
-        return state
-
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """torch's state dict, plus ``"optcore": {"name", "provider", "version",
-        "param_shapes"}`` when built by optcore: who saved it (so loading it into
-        another optimizer is an error) and the shape of every parameter with state
-        (so loading it over other parameters is an error, not a crash)."""
-        state_dict = super().state_dict()  # type: ignore[misc]
-        spec = getattr(self, "optcore_spec", None)
-        if spec is None or not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
-            return state_dict
-        shapes: dict[int, list[int]] = {}
-        for saved, group in zip(state_dict["param_groups"], self.param_groups):
-            for index, param in zip(saved.get("params", ()), group["params"]):
-                if index in state_dict.get("state", {}):
-                    shapes[index] = list(param.shape)
-        state_dict["optcore"] = {
-            "name": spec.name, "provider": spec.provider, "version": _version_text(spec.version), "param_shapes": shapes,
-        }
-        return state_dict
-
-    def load_state_dict(  # type: ignore[override]
-        self,
-        state_dict: Mapping[str, Any],
-        optimizer_overrides: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Load ``state_dict``, then replace hyper-parameters of every loaded
-        group with ``optimizer_overrides`` (for example a new ``lr`` on resume).
-
-        Checked first, so a wrong checkpoint changes nothing: state saved by
-        another optimizer, or for parameters of other shapes, is a
-        :class:`ConfigError`; another version of the same optimizer loads with a
-        warning. A plain torch state dict (no ``"optcore"`` entry) loads as in torch.
-        """
-        state_dict = check_state_dict(self, state_dict)
-        super().load_state_dict(state_dict)  # type: ignore[misc]
-        if optimizer_overrides:
-            known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
-            unknown = sorted(set(optimizer_overrides) - known)
-            if unknown:
-                raise ConfigError(
-                    f"optimizer_overrides has unknown hyper-parameter(s) {unknown}; "
-                    f"this optimizer has {sorted(known - {'param_names'})}.",
-                    problems=[(k, "unknown hyper-parameter") for k in unknown],
-                    accepted=sorted(known),
-                )
-            for group in self.param_groups:
-                for key, value in optimizer_overrides.items():
-                    if key == "lr" and group.get("lr_scale", 1.0) != 1.0:
-                        value = value * group["lr_scale"]
-                    if isinstance(group.get(key), Tensor) and not isinstance(value, Tensor):
-                        group[key].fill_(value)
-                    else:
-                        group[key] = value
-            self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
-
-    # -------------------------------------------------------------- distributed
-    def _averageable_state(self, param: Tensor) -> Iterator[Tensor]:
-        """State tensors of ``param`` for which a mean across ranks is meaningful:
-        by default the floating tensors of the parameter's shape (moments)."""
-        for value in self.state.get(param, {}).values():
-            if isinstance(value, Tensor) and value.is_floating_point() and value.shape == param.shape:
-                yield value
-
-    @torch.no_grad()
-    def average_params(self, group: Any = None) -> None:
-        """All-reduce-average parameters (and per-parameter moments) over the
-        ``torch.distributed`` ranks of ``group``; a no-op when not initialised.
-
-        Tensors travel in one flat buffer per device and dtype, so the cost is a
-        handful of collectives, not one per parameter.
-        """
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        world = dist.get_world_size(group)
-        if world == 1:
-            return
-        tensors: list[Tensor] = []
-        for g in self.param_groups:
-            for p in g["params"]:
-                tensors.append(p.data)
-                tensors.extend(self._averageable_state(p))
-        _check_ranks_agree(tensors, group)
-        for bucket in by_device_and_dtype(tensors).values():
-            flat = torch.cat([t.reshape(-1) for t in bucket])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-            flat.div_(world)
-            offset = 0
-            for t in bucket:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view_as(t))
-                offset += n
-
-
-def _signature(tensors: Sequence[Tensor]) -> list[int]:
-    """(count, elements, checksum of every dtype and shape) of what a rank averages."""
-    import zlib
-
-    layout = ";".join(f"{t.dtype}{tuple(t.shape)}" for t in tensors).encode()
-    return [len(tensors), sum(t.numel() for t in tensors), zlib.crc32(layout)]
-
-
-def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
-    """Raise the same :class:`ConfigError` on every rank unless all ranks average
-    the same tensors: a flat all-reduce over buffers of different sizes aborts
-    the process (gloo: SIGABRT) instead of failing. One all-gather of three
-    integers per call."""
-    dist = torch.distributed
-    device = tensors[0].device if tensors else torch.device("cpu")
-    if dist.get_backend(group) == "nccl" and device.type != "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    mine = torch.tensor(_signature(tensors), dtype=torch.int64, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=group)
-    signatures = [t.tolist() for t in gathered]
-    if any(sig != signatures[0] for sig in signatures):
-        lines = [f"  rank {r}: {n} tensors, {e} elements, layout {c:08x}" for r, (n, e, c) in enumerate(signatures)]
-        raise ConfigError(
-            "average_params: the ranks do not hold the same parameters and optimizer state, so there is "
-            "nothing consistent to average:\n" + "\n".join(lines) + "\n"
-            "Optimizer state appears on the first step: call average_params on every rank after the same "
-            "number of steps, with the same model and optimizer config.",
-            problems=[("average_params", "ranks disagree")],
-        )
-
-
-def _version_text(version: Any) -> str | None:
-    """A plain ``str`` (torch's ``TorchVersion`` would not load with ``weights_only=True``)."""
-    return None if version is None else str.__str__(version)
-
 
 def param_groups_assignable(cls: type) -> bool:
     """False where ``param_groups`` is a read-only property (wrappers such as
@@ -461,11 +291,4 @@ class Optimizer(ContractMixin, torch.optim.Optimizer):
         groups: GroupSelector = None,
     ) -> float | None:
         raise NotImplementedError(f"{type(self).__name__} must implement step(closure, scale, groups)")
-
-
-def grad_scale_tensor(scale: float | Tensor, like: Tensor) -> Tensor:
-    """``scale`` as a float32 scalar tensor on ``like``'s device (what fused kernels take)."""
-    if isinstance(scale, Tensor):
-        return scale.to(device=like.device, dtype=torch.float32)
-    return torch.tensor(float(scale), dtype=torch.float32, device=like.device)
 

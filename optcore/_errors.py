@@ -152,9 +152,7 @@ _NOT_ABOUT_CONFIG = (MemoryError,)
 
 
 @contextmanager
-def rejected_config(
-    spec: Any, errors: tuple[type[BaseException], ...] | None = None, *, config: Any = None
-) -> Iterator[None]:
+def rejected_config(spec: Any, *, config: Any = None) -> Iterator[None]:
     """Turn whatever a class's constructor raises about its arguments into a
     :class:`ConfigError` naming the class and the config, with the original
     exception as ``__cause__``.
@@ -165,8 +163,7 @@ def rejected_config(
     ``OverflowError`` from arithmetic on a huge value. All of them are the
     user's config being rejected, so every ``Exception`` is converted;
     ``KeyboardInterrupt``, ``SystemExit`` and ``MemoryError`` propagate, and
-    optcore's own errors pass through. ``errors`` is accepted for older call
-    sites and ignored.
+    optcore's own errors pass through.
     """
     try:
         yield

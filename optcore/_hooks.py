@@ -94,10 +94,3 @@ def rewrite_config(config: dict[str, Any]) -> dict[str, Any]:
             )
         config = result
     return config
-
-
-def reset_plugin_manager() -> None:
-    """Forget the plugin manager (tests, or after installing a plugin at run time)."""
-    global _manager
-    with _lock:
-        _manager = None

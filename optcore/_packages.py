@@ -122,17 +122,6 @@ def importable_classes(kind: str) -> tuple[type, ...]:
     return (torch.optim.Optimizer,)
 
 
-def memo(fn: Callable[[], Any]) -> Callable[[], Any]:
-    box: list[Any] = []
-
-    def load() -> Any:  # callers hold the specs' load lock
-        if not box:
-            box.append(fn())
-        return box[0]
-
-    return load
-
-
 def load_package_class(pkg: KnownPackage, attr: str) -> Any:
     """A class of optcore's package table (a package, not a plugin: a failure
     is the package's install, reported as a ConfigError naming it)."""

@@ -3,56 +3,21 @@
 Policies are applied to every named parameter from weakest to strongest: the
 no-decay default (biases and normalisation weights get ``weight_decay=0``, as
 the Hugging Face Trainer does), then policies contributed by hook plugins, then
-the config's own ``param_groups`` (regexes over parameter names). Parameters
-with the same resulting overrides share a group, in order of first appearance.
-A parameter matched by two of the config's regexes is an error, not a silent
-pick, and so is a regex that matches no trainable parameter (a typo or a
-config written for another model would otherwise change nothing, silently);
-a group marked ``"optional": true`` may match nothing.
+the config's own ``param_groups`` (regexes over parameter names, checked by
+:mod:`._group_rules`). Parameters with the same resulting overrides share a
+group, in order of first appearance.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ._errors import ConfigError
-from ._values import as_finite, as_flag, short_repr
-
-#: Keys a param-group override may carry besides hyper-parameters.
-GROUP_META_KEYS = frozenset({"name", "lr_scale", "params"})
-#: Keys of a ``param_groups`` regex entry that only steer the matching.
-MATCH_KEYS = frozenset({"optional"})
-
-def no_decay_flag(value: Any) -> bool:
-    """The config's ``no_decay`` switch as a bool: ``True``/``False`` or
-    ``"true"``/``"false"``, never judged by truthiness (``"false"`` is a
-    non-empty string); anything else is a :class:`ConfigError`."""
-    try:
-        return as_flag(value, "no_decay")
-    except ValueError as exc:
-        raise ConfigError(
-            f"{exc}: it says whether biases and normalisation weights get weight_decay=0 (default true).",
-            problems=[("no_decay", "must be true or false")],
-        ) from None
-
-
-def lr_scale_value(value: Any, where: str = "lr_scale") -> float:
-    """A group's ``lr_scale`` as a finite, non-negative float (booleans,
-    ``nan`` and ``inf`` are a :class:`ConfigError`)."""
-    try:
-        scale = as_finite(value, where)
-    except ValueError as exc:
-        raise ConfigError(
-            f"{exc}: lr_scale multiplies the group's lr, write e.g. 0.1.", problems=[(where, "not a finite number")]
-        ) from None
-    if scale < 0:
-        raise ConfigError(f"{where} must be >= 0, got {short_repr(value)}.", problems=[(where, "negative")])
-    return scale
+from ._group_rules import check_all_used, compile_rules, lr_scale_value, no_decay_flag, rule_overrides
 
 
 _NORM_TYPES: tuple[type, ...] = (
@@ -190,8 +155,8 @@ def build_param_groups(
         raise ConfigError(
             "No trainable parameters: the model or list is empty, or every parameter has requires_grad=False."
         )
-    regexes = _compile(param_groups or [], "param_groups")
-    weak = _compile(policies or [], "plugin policy")
+    regexes = compile_rules(param_groups or [], "param_groups")
+    weak = compile_rules(policies or [], "plugin policy")
     if (regexes or weak) and not has_names:
         raise ConfigError(
             "'param_groups' select parameters by name, but the parameters were given without names; "
@@ -203,29 +168,14 @@ def build_param_groups(
     used = [False] * len(regexes)
     buckets: dict[tuple[Any, ...], dict[str, Any]] = {}
     for name, p in named:
-        overrides: dict[str, Any] = {}
-        label = None
-        if decay_split and name in no_decay_names:  # type: ignore[operator]
-            overrides["weight_decay"] = 0.0
-            label = "no_decay"
-        for pattern, values in weak:
-            if name is not None and pattern.search(name):
-                overrides.update(values)
-        matched = [i for i, (pattern, _) in enumerate(regexes) if name is not None and pattern.search(name)]
-        if len(matched) > 1:
-            raise ConfigError(
-                f"Parameter {name!r} matches more than one param_groups regex: "
-                f"{[short_repr(regexes[i][0].pattern) for i in matched]}. Make the regexes exclusive "
-                "(e.g. anchor them with ^ and $).",
-                problems=[("param_groups", f"{name} matched twice")],
-            )
-        if matched:
-            used[matched[0]] = True
-            overrides.update(regexes[matched[0]][1])
+        no_decay_here = decay_split and name in no_decay_names  # type: ignore[operator]
+        overrides: dict[str, Any] = {"weight_decay": 0.0} if no_decay_here else {}
+        if name is not None:
+            overrides.update(rule_overrides(name, regexes, weak, used))
         key = tuple(sorted((k, _hashable(v)) for k, v in overrides.items()))
-        bucket = buckets.setdefault(key, {"overrides": overrides, "params": [], "label": label})
-        bucket["params"].append(p)
-    _check_all_used(param_groups or [], regexes, used, [n for n, _ in named if n is not None])
+        label = "no_decay" if no_decay_here else None
+        buckets.setdefault(key, {"overrides": overrides, "params": [], "label": label})["params"].append(p)
+    check_all_used(param_groups or [], regexes, used, [n for n, _ in named if n is not None])
 
     groups = []
     for i, bucket in enumerate(buckets.values()):
@@ -236,27 +186,6 @@ def build_param_groups(
     return groups
 
 
-def _check_all_used(
-    entries: list[Mapping[str, Any]], regexes: list[tuple[re.Pattern[str], dict[str, Any]]], used: list[bool],
-    names: list[str],
-) -> None:
-    """A ``param_groups`` regex that selects nothing is an error, naming a few
-    parameter names to write the regex against (``"optional": true`` allows it)."""
-    unused = [
-        i for i, hit in enumerate(used) if not hit and not as_flag(entries[i].get("optional", False), "optional")
-    ]
-    if not unused:
-        return
-    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
-    patterns = ", ".join(f"param_groups[{i}].params={short_repr(regexes[i][0].pattern)}" for i in unused)
-    raise ConfigError(
-        f"{patterns} matches no trainable parameter, so its settings would change nothing. The parameter names "
-        f"are: {shown}. Fix the regex (it is searched in each name, e.g. '^head\\.'), drop the group, or mark it "
-        "\"optional\": true to allow a group that matches nothing on this model.",
-        problems=[(f"param_groups[{i}].params", "matches no parameter") for i in unused],
-    )
-
-
 def _hashable(v: Any) -> Any:
     if isinstance(v, list):
         return tuple(_hashable(x) for x in v)
@@ -265,56 +194,5 @@ def _hashable(v: Any) -> Any:
     return v
 
 
-def _compile(groups: Iterable[Mapping[str, Any]], what: str) -> list[tuple[re.Pattern[str], dict[str, Any]]]:
-    out = []
-    for i, group in enumerate(groups):
-        if not isinstance(group, Mapping) or not isinstance(group.get("params"), str):
-            raise ConfigError(
-                f"{what}[{i}] must be a mapping with 'params': '<regex over parameter names>' and the "
-                f"hyper-parameters to override, got {short_repr(group)}.",
-                problems=[(f"{what}[{i}]", "bad entry")],
-            )
-        try:
-            pattern = re.compile(group["params"])
-        except re.error as exc:
-            raise ConfigError(
-                f"{what}[{i}].params {short_repr(group['params'])} is not a valid regex: {exc}.",
-                problems=[(f"{what}[{i}].params", str(exc))],
-            ) from None
-        except (RecursionError, OverflowError) as exc:  # a pathological pattern
-            raise ConfigError(
-                f"{what}[{i}].params {short_repr(group['params'])} cannot be compiled ({type(exc).__name__}); "
-                "write a simpler regex.",
-                problems=[(f"{what}[{i}].params", type(exc).__name__)],
-            ) from None
-        values = {k: v for k, v in group.items() if k != "params" and k not in MATCH_KEYS}
-        if "lr_scale" in values:
-            values["lr_scale"] = lr_scale_value(values["lr_scale"], f"{what}[{i}].lr_scale")
-        if "optional" in group:
-            try:
-                as_flag(group["optional"], f"{what}[{i}].optional")
-            except ValueError as exc:
-                raise ConfigError(f"{exc}.", problems=[(f"{what}[{i}].optional", "must be true or false")]) from None
-        out.append((pattern, values))
-    return out
-
-
 def all_params(groups: list[Mapping[str, Any]]) -> list[torch.Tensor]:
     return [p for g in groups for p in g["params"]]
-
-
-def validate_group_specs(param_groups: Iterable[Mapping[str, Any]] | None) -> None:
-    """Check a config's regex ``param_groups`` without any parameters at hand:
-    each a mapping with a valid ``params`` regex, and no regex given twice (a
-    parameter it matches would be matched twice, and one that matches nothing
-    is an error too, so a repeated regex can never build)."""
-    compiled = _compile(param_groups or [], "param_groups")
-    seen: dict[str, int] = {}
-    for i, (pattern, _) in enumerate(compiled):
-        if pattern.pattern in seen:
-            raise ConfigError(
-                f"param_groups[{seen[pattern.pattern]}] and param_groups[{i}] have the same regex "
-                f"{pattern.pattern!r}: every parameter it matches would be in two groups. Merge them into one entry.",
-                problems=[(f"param_groups[{i}].params", "given twice")],
-            )
-        seen[pattern.pattern] = i

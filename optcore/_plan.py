@@ -35,7 +35,8 @@ import torch
 from ._config import merge_kwargs, optimizer_config
 from ._errors import ConfigError
 from ._hooks import get_plugin_manager, rewrite_config
-from ._params import GROUP_META_KEYS, MATCH_KEYS, all_params, build_param_groups, lr_scale_value, no_decay_flag, validate_group_specs
+from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, lr_scale_value, no_decay_flag, validate_group_specs
+from ._params import all_params, build_param_groups
 from ._registry import resolve
 from ._schema import validate_hparams
 from ._spec import OptimizerSpec

@@ -109,11 +109,17 @@ def _allowed() -> set[str] | None:
 
 
 @dataclass(frozen=True)
+class _Dist:
+    name: str
+    version: str | None
+
+
+@dataclass(frozen=True)
 class _RawEntry:
     name: str
     value: str
     group: str
-    dist: Any  # SimpleNamespace(name, version) or a metadata Distribution
+    dist: _Dist
 
     def load(self) -> Any:
         from importlib.metadata import EntryPoint
@@ -212,12 +218,6 @@ def _scan(path: tuple[str, ...]) -> dict[str, tuple[_RawEntry, ...]]:
     return {group: tuple(items) for group, items in found.items()}
 
 
-@dataclass(frozen=True)
-class _Dist:
-    name: str
-    version: str | None
-
-
 def _scan_with_metadata(entry: str, found: dict[str, list[_RawEntry]], seen: set[str]) -> None:
     from importlib import metadata
 
@@ -233,10 +233,6 @@ def _scan_with_metadata(entry: str, found: dict[str, list[_RawEntry]], seen: set
                 )
 
 
-def _raw_entry_points(group: str) -> tuple[Any, ...]:
-    return _scan(tuple(sys.path)).get(group, ())
-
-
 @functools.lru_cache(maxsize=None)
 def _discover(
     group: str, disabled: bool, allowed: frozenset[str] | None, path: tuple[str, ...] = ()
@@ -245,10 +241,8 @@ def _discover(
         return ()
     entries: list[PluginEntry] = []
     seen: set[tuple[str | None, str]] = set()
-    for ep in _raw_entry_points(group):
-        dist = getattr(ep, "dist", None)
-        dist_name = getattr(dist, "name", None) if dist is not None else None
-        version = getattr(dist, "version", None) if dist is not None else None
+    for ep in _scan(tuple(sys.path)).get(group, ()):
+        dist_name, version = ep.dist.name, ep.dist.version
         if allowed is not None and normalize(ep.name) not in allowed and normalize(dist_name or "") not in allowed:
             continue
         key = (dist_name, ep.name)

@@ -1,16 +1,14 @@
-"""Hyper-parameter schemas: pydantic models that validate every field.
+"""Validating hyper-parameters against a schema, and deriving a schema from a signature.
 
-Each optimizer has a schema, written by hand (built-ins, plugins) or derived
-from its ``__init__`` signature. Validation collects *every* problem into one
+Each optimizer has a schema (a pydantic model built on :class:`~optcore._fields.HParams`),
+written by hand (built-ins, plugins) or derived from its ``__init__``
+signature here. Validation collects *every* problem into one
 :class:`ConfigError` that also lists the accepted fields and, for a misspelt
-field, the closest ones. Strings that stand for tuples or numbers (``"(0.9,
-0.98)"``, ``"1e-4"``) are parsed with :func:`ast.literal_eval`, which accepts
-literals only: nothing from a config is ever executed.
+field, the closest ones.
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
 import inspect
 import math
@@ -19,146 +17,11 @@ import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, get_type_hints
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WrapValidator, create_model
+from pydantic import BaseModel, ValidationError, create_model
 
 from ._errors import ConfigError
+from ._fields import Finite, FiniteFloat, Flag, HParams, Integer, Literalish, NonFiniteFloat, Numberish, StrictBool
 from ._values import clean_text, short_repr
-
-
-def parse_literal(value: Any) -> Any:
-    """Turn a config string that spells a Python literal into its value.
-
-    ``"(0.9, 0.98)"`` -> ``(0.9, 0.98)``, ``"[1, 2]"`` -> ``[1, 2]``,
-    ``"1e-4"`` -> ``0.0001``, ``"true"`` -> ``True``, ``"none"`` -> ``None``.
-    Anything else is returned unchanged (pydantic then reports it).
-    """
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    lowered = text.lower()
-    if lowered in {"true", "false"}:
-        return lowered == "true"
-    if lowered in {"none", "null"}:
-        return None
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return value
-
-
-def _split_top_level(text: str, sep: str = ",") -> list[str]:
-    parts, depth, current = [], 0, []
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == sep and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current))
-    return [p.strip() for p in parts if p.strip()]
-
-
-def parse_optim_args(text: str) -> dict[str, Any]:
-    """Parse a Hugging Face ``optim_args`` string: ``"rank=64, betas=(0.9,0.99)"``."""
-    result: dict[str, Any] = {}
-    for item in _split_top_level(text):
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise ConfigError(
-                f"optim_args item {item!r} is not of the form key=value; write e.g. "
-                "'rank=64, betas=(0.9, 0.99)'.",
-                problems=[("optim_args", f"bad item {item!r}")],
-            )
-        result[key.strip()] = parse_literal(raw.strip())
-    return result
-
-
-def _number(value: Any) -> Any:
-    """Before pydantic's number check: parse a literal string, refuse booleans
-    (pydantic would read ``True`` as ``1.0``). ``inf``/``nan`` are refused by
-    the field's ``allow_inf_nan=False``."""
-    value = parse_literal(value)
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a number; write a number such as 0.001")
-    return value
-
-
-def _flag(value: Any) -> Any:
-    """Before pydantic's (strict) bool check: the strings ``"true"``/``"false"``
-    are booleans, ``"none"``/``"null"`` are None; no other value is read by
-    truthiness (``"false"`` would be true, ``0`` would be false)."""
-    if isinstance(value, str):
-        word = value.strip().lower()
-        if word in ("true", "false"):
-            return word == "true"
-        if word in ("none", "null"):
-            return None
-    if value is None or isinstance(value, bool):
-        return value
-    raise ValueError("must be true or false")
-
-
-def _keep_tensor(value: Any, handler: Any) -> Any:
-    """A 0-dim floating-point tensor lr (capturable/compiled optimizers) passes
-    through unchanged, after the same checks as a float."""
-    tensor_type = type(value)
-    if tensor_type.__module__.startswith("torch"):
-        import torch
-
-        if isinstance(value, torch.Tensor):
-            if value.dim() != 0 or not value.is_floating_point():
-                raise ValueError(
-                    f"a tensor learning rate must be a 0-dim floating-point tensor, got shape "
-                    f"{tuple(value.shape)} and dtype {value.dtype}"
-                )
-            number = float(value.detach())
-            if not math.isfinite(number) or number < 0:
-                raise ValueError(f"a tensor learning rate must be finite and >= 0, got {number}")
-            return value
-    return handler(value)
-
-
-# Field types shared by schemas, so constraints read the same everywhere.
-Literalish = BeforeValidator(parse_literal)
-#: a number: literal strings parsed, booleans refused
-Numberish = BeforeValidator(_number)
-#: a boolean switch: True/False or "true"/"false", never truthiness
-Switch = BeforeValidator(_flag)
-Finite = Field(allow_inf_nan=False)
-FiniteFloat = Annotated[float, Finite, Numberish]
-Integer = Annotated[int, Numberish]
-#: for a signature whose default is itself inf (``max_norm=inf``): inf stays allowed
-NonFiniteFloat = Annotated[float, Field(allow_inf_nan=True), Numberish]
-LR = Annotated[
-    float, Field(ge=0.0, allow_inf_nan=False, description="learning rate"), Numberish, WrapValidator(_keep_tensor)
-]
-Beta = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False), Numberish]
-Betas = Annotated[tuple[Beta, Beta], Field(description="coefficients of the running averages"), Literalish]
-Eps = Annotated[float, Field(ge=0.0, allow_inf_nan=False, description="term added for numerical stability"), Numberish]
-WeightDecay = Annotated[float, Field(ge=0.0, allow_inf_nan=False, description="weight decay coefficient"), Numberish]
-Momentum = Annotated[float, Field(ge=0.0, allow_inf_nan=False, description="momentum factor"), Numberish]
-StrictBool = Annotated[bool, Field(strict=True)]
-Flag = Annotated[bool, Field(strict=True), Switch]
-OptionalFlag = Annotated[bool | None, Field(strict=True), Switch]
-
-
-class HParams(BaseModel):
-    """Base class of hyper-parameter schemas: unknown fields are errors,
-    string values that spell literals are parsed first, and no float field
-    takes ``inf`` or ``nan`` unless it says so (``Field(allow_inf_nan=True)``):
-    a non-finite hyper-parameter leaves non-finite parameters after one step."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        arbitrary_types_allowed=True,
-        validate_default=False,
-        populate_by_name=True,
-        allow_inf_nan=False,
-    )
 
 
 def _admits_bool(annotation: Any) -> bool:
@@ -199,8 +62,6 @@ def _field_names(schema: type[BaseModel]) -> list[str]:
 
 def _fields_at(schema: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
     """The field names of the (nested) model at ``path``, for suggestions."""
-    import typing
-
     model: Any = schema
     for part in path:
         info = getattr(model, "model_fields", {}).get(part)

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ._schema import LR, Beta, Betas, Eps, Flag, HParams, Literalish, Momentum, OptionalFlag, WeightDecay
+from ._fields import LR, Beta, Betas, Eps, Flag, HParams, Literalish, Momentum, OptionalFlag, WeightDecay
 
 NonNegative = Annotated[float, Field(ge=0.0), Literalish]
 Positive = Annotated[float, Field(gt=0.0), Literalish]

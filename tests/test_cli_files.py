@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 import optcore
-from optcore._config import load_config_file
+from optcore.files import load_config_file
 from optcore.cli import config_file_schema, main, optimizer_file_schema
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import optcore
-from optcore._config import load_config_file
+from optcore.files import load_config_file
 from optcore.cli import main
 from optcore.compare import lineup
 from optcore.compare.runner import run_one

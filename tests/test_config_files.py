@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from optcore import ConfigError
-from optcore._config import load_config_file
+from optcore.files import load_config_file
 
 LAUGHS = "\n".join(
     [f'a: &a [{", ".join(["lol"] * 9)}]']

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from optcore import kernels
-from optcore.kernels import build_c_library, cache_dir
+from optcore.kernels import _cache, build_c_library, cache_dir
 
 SOURCE = "int add(int a, int b) { return a + b; }\n"
 FLAGS = [["-O2", "-shared", "-fPIC"]]
@@ -115,7 +115,7 @@ def test_library_is_written_under_a_temporary_name_then_renamed(
         renames.append((Path(src), Path(dst)))
         real_replace(src, dst)
 
-    monkeypatch.setattr(kernels.os, "replace", recording_replace)
+    monkeypatch.setattr(os, "replace", recording_replace)
     lib, reason = build_c_library("t_atomic", SOURCE, FLAGS)
     assert lib is not None, reason
     (built,) = cache.glob("t_atomic_*.so")
@@ -136,8 +136,8 @@ def test_planted_library_writable_by_others_is_not_loaded(
     assert not (tmp_path / "planted-code-ran").exists(), "the planted library's constructor ran"
     assert lib is not None, reason
     assert _add(lib) == 5  # our own build, from the private fallback directory
-    assert Path(lib._name).parent == kernels._fallback_dir()
-    assert _mode(kernels._fallback_dir()) == 0o700
+    assert Path(lib._name).parent == _cache.fallback_dir()
+    assert _mode(_cache.fallback_dir()) == 0o700
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -211,8 +211,8 @@ def test_truncation_check_accepts_intact_libraries(cache: Path, tmp_path: Path, 
     _, good = _library_name("t_intact", tmp_path, monkeypatch)
     (tmp_path / "intact.so").write_bytes(good)
     (tmp_path / "short.so").write_bytes(good[:-1])  # one byte short
-    assert not kernels._truncated(tmp_path / "intact.so")
-    assert kernels._truncated(tmp_path / "short.so")
+    assert not _cache.truncated(tmp_path / "intact.so")
+    assert _cache.truncated(tmp_path / "short.so")
 
 
 def test_hanging_compiler_times_out_quickly_with_the_reason(

@@ -56,7 +56,7 @@ def test_show_config_prints_the_plan(tmp_path, capsys):
 
 
 def _example_configs() -> list[tuple[str, object]]:
-    from optcore._config import load_config_file
+    from optcore.files import load_config_file
 
     out = []
     for path in sorted(EXAMPLES.rglob("*.yaml")):

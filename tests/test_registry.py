@@ -15,7 +15,7 @@ from optcore._registry import ShadowedNameWarning
 PLUGIN_SOURCE = """
 import torch
 import optcore
-from optcore._schema import HParams, LR
+from optcore._fields import HParams, LR
 
 class SignConfig(HParams):
     lr: LR = 0.01
@@ -104,7 +104,7 @@ def test_register_optimizer_three_spellings():
 def test_register_with_schema_validates(model):
     from pydantic import Field
 
-    from optcore._schema import HParams
+    from optcore._fields import HParams
 
     class Cfg(HParams):
         lr: float = Field(0.1, gt=0)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import optcore
-import optcore._registry as registry
+import optcore._resolution as registry
 from optcore import ConfigError, OptimizerNotFoundError, PluginLoadError
 
 FACTORY_MODULE = """

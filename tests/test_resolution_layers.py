@@ -27,7 +27,7 @@ def _layers() -> dict[str, int]:
 
 
 LAYERS = _layers()
-OWNED = ["_errors", "_names", "_packages", "_spec", "_plugins", "_registry"]
+OWNED = ["_errors", "_names", "_packages", "_spec", "_plugins", "_import_paths", "_resolution", "_registry"]
 #: Function-level imports kept on purpose: these modules import pydantic.
 LAZY_FOR_PYDANTIC = {"_schema", "_torch_optims"}
 KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()

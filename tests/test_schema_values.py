@@ -12,7 +12,8 @@ import torch
 
 import optcore
 from optcore import ConfigError
-from optcore._schema import LR, HParams, schema_from_signature, validate_hparams
+from optcore._fields import LR, HParams
+from optcore._schema import schema_from_signature, validate_hparams
 from optcore._torch_optims import AdamWConfig
 
 

@@ -55,7 +55,7 @@ def check_config(data: Any, *, allow_import_paths: bool | None = None) -> list[s
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .._config import load_config_file
+    from ..files import load_config_file
 
     try:
         errors = check_config(load_config_file(args.config))

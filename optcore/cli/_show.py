@@ -117,7 +117,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _show_plan(args: argparse.Namespace) -> int:
     """The build plan of a config file: what a build would resolve, validate and wrap."""
-    from .._config import load_config_file, to_plain
+    from .._config import to_plain
+    from ..files import load_config_file
     from .._plan import plan
 
     data = to_plain(load_config_file(args.config))

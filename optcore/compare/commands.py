@@ -51,7 +51,7 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 
 def _entries(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from .._config import load_config_file
+    from ..files import load_config_file
     from .lineup import default_entries, entries_from_file, entries_from_names, unique_names
 
     if args.config and args.optimizers:
@@ -198,7 +198,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from .._config import load_config_file
+    from ..files import load_config_file
     from .lineup import normalise_entry
     from .report import describe, fmt, human_bytes
     from .train import run_config

@@ -27,7 +27,7 @@ def _source(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
 
 def run_memory_command(args: argparse.Namespace) -> int:
-    from .._config import load_config_file
+    from ..files import load_config_file
     from .lineup import default_entries, entries_from_file, entries_from_names, unique_names
     from .memory import predict_all
 

@@ -538,7 +538,7 @@ def _bool(text: str) -> bool:
 
 
 def _literal(text: str) -> Any:
-    from .._schema import parse_literal  # ast.literal_eval: literals only, nothing runs
+    from .._literals import parse_literal  # ast.literal_eval: literals only, nothing runs
 
     return parse_literal(text)
 

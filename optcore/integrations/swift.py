@@ -32,7 +32,7 @@ import torch
 
 from .._build import build_optimizer
 from .._errors import ConfigError
-from .._schema import parse_optim_args
+from .._literals import parse_optim_args
 from .hf import AppliedLR, _warn_unused_training_args
 
 __all__ = ["NAME", "callback_class", "config_from_optim_args", "register"]

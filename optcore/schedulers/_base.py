@@ -32,8 +32,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from .._errors import ConfigError
-from .._schema import Flag as Flag  # re-exported: the schedule modules take the switch type from here
-from .._schema import HParams, Numberish, validate_hparams
+from .._fields import Flag as Flag  # re-exported: the schedule modules take the switch type from here
+from .._fields import HParams, Numberish
+from .._schema import validate_hparams
 
 # Field types the schedule schemas share, so a key reads the same everywhere.
 WarmupSteps = Annotated[

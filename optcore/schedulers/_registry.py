@@ -11,7 +11,7 @@ this order:
    ``optcore.schedulers`` (a plugin is imported when one of its names is asked
    for; a broken one fails for its own names only).
 
-The machinery is the optimizers' :class:`~optcore._registry.Registry`; this
+The machinery is the optimizers' :class:`~optcore._resolution.Registry`; this
 module adds :class:`SchedulerSpec` and the build rules shared by every
 schedule: warm-up is ``warmup_steps`` (``num_warmup_steps`` and fairseq's
 ``warmup_updates`` are the same key), the run length is ``num_training_steps``
@@ -32,8 +32,9 @@ import torch
 from .._config import merge_kwargs, typed_config
 from .._errors import ConfigError, SchedulerNotFoundError, rejected_config
 from .._plugins import SCHEDULERS_GROUP
-from .._registry import Registry
-from .._schema import parse_literal, validate_hparams
+from .._resolution import Registry
+from .._literals import parse_literal
+from .._schema import validate_hparams
 from .._values import short_repr
 from .._spec import OptimizerSpec
 from .._version import __version__

@@ -15,7 +15,8 @@ from pydantic import Field, create_model
 from torch.optim import Optimizer
 from torch.optim import lr_scheduler as tls
 
-from .._schema import HParams, Literalish, schema_from_signature
+from .._fields import HParams, Literalish
+from .._schema import schema_from_signature
 
 #: class name -> (field that holds the run length, fields that replace it)
 TOTAL_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {

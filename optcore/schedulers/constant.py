@@ -9,7 +9,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from .._schema import HParams
+from .._fields import HParams
 from ._base import Schedule, WarmupSteps
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, model_validator
 from torch.optim import Optimizer
 
-from .._schema import HParams, Literalish
+from .._fields import HParams, Literalish
 from ._base import Fraction, NonNegative, Schedule, TrainingSteps, WarmupSteps, base_lr
 from .polynomial import linear_warmup
 

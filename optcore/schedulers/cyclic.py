@@ -9,7 +9,7 @@ from pydantic import Field
 from torch.optim import Optimizer
 
 from .._errors import ConfigError
-from .._schema import HParams, Literalish
+from .._fields import HParams, Literalish
 from ._base import Flag, Schedule, base_lr
 
 

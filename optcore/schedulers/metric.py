@@ -15,7 +15,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from .._errors import ConfigError
-from .._schema import HParams, Literalish, validate_hparams
+from .._fields import HParams, Literalish
+from .._schema import validate_hparams
 from ._base import Flag, write_lrs
 
 PerGroupLR = Annotated[float | list[float], Literalish]

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, Field
 from torch.optim import Optimizer
 
 from .._errors import ConfigError
-from .._schema import HParams, Literalish
+from .._fields import HParams, Literalish
 from ._base import EpochSchedule, PositiveSteps, Schedule, base_lr
 
 WarmupUpdates = Annotated[

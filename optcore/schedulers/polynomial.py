@@ -10,7 +10,7 @@ from pydantic import Field
 from torch.optim import Optimizer
 
 from .._errors import ConfigError
-from .._schema import HParams, Literalish
+from .._fields import HParams, Literalish
 from ._base import NonNegative, PositiveSteps, Schedule, TrainingSteps, WarmupSteps, base_lr
 
 

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from torch.optim import Optimizer
 
 from .._errors import ConfigError
-from .._schema import HParams, Literalish
+from .._fields import HParams, Literalish
 from ._base import Fraction, PositiveSteps, Schedule, Steps, WarmupSteps
 from .cosine import cosine_wave
 

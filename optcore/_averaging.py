@@ -1,0 +1,95 @@
+"""``average_params``: the contract's all-reduce average over ``torch.distributed`` ranks.
+
+Its own module because it is the contract's one collective: it needs the
+ranks to agree before it moves any data (a flat all-reduce over buffers of
+different sizes aborts the process instead of failing), which is a concern
+no other member has.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._errors import ConfigError
+from ._grads import by_device_and_dtype
+
+
+class AveragingMixin:
+    """``average_params`` for :class:`~optcore._contract.ContractMixin` (reads
+    ``param_groups`` and ``state``)."""
+
+    param_groups: list[dict[str, Any]]
+    state: Any
+
+    def _averageable_state(self, param: Tensor) -> Iterator[Tensor]:
+        """State tensors of ``param`` for which a mean across ranks is meaningful:
+        by default the floating tensors of the parameter's shape (moments)."""
+        for value in self.state.get(param, {}).values():
+            if isinstance(value, Tensor) and value.is_floating_point() and value.shape == param.shape:
+                yield value
+
+    @torch.no_grad()
+    def average_params(self, group: Any = None) -> None:
+        """All-reduce-average parameters (and per-parameter moments) over the
+        ``torch.distributed`` ranks of ``group``; a no-op when not initialised.
+
+        Tensors travel in one flat buffer per device and dtype, so the cost is a
+        handful of collectives, not one per parameter.
+        """
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        world = dist.get_world_size(group)
+        if world == 1:
+            return
+        tensors: list[Tensor] = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                tensors.append(p.data)
+                tensors.extend(self._averageable_state(p))
+        _check_ranks_agree(tensors, group)
+        for bucket in by_device_and_dtype(tensors).values():
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            flat.div_(world)
+            offset = 0
+            for t in bucket:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view_as(t))
+                offset += n
+
+
+
+def _signature(tensors: Sequence[Tensor]) -> list[int]:
+    """(count, elements, checksum of every dtype and shape) of what a rank averages."""
+    layout = ";".join(f"{t.dtype}{tuple(t.shape)}" for t in tensors).encode()
+    return [len(tensors), sum(t.numel() for t in tensors), zlib.crc32(layout)]
+
+
+def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
+    """Raise the same :class:`ConfigError` on every rank unless all ranks average
+    the same tensors: a flat all-reduce over buffers of different sizes aborts
+    the process (gloo: SIGABRT) instead of failing. One all-gather of three
+    integers per call."""
+    dist = torch.distributed
+    device = tensors[0].device if tensors else torch.device("cpu")
+    if dist.get_backend(group) == "nccl" and device.type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    mine = torch.tensor(_signature(tensors), dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    signatures = [t.tolist() for t in gathered]
+    if any(sig != signatures[0] for sig in signatures):
+        lines = [f"  rank {r}: {n} tensors, {e} elements, layout {c:08x}" for r, (n, e, c) in enumerate(signatures)]
+        raise ConfigError(
+            "average_params: the ranks do not hold the same parameters and optimizer state, so there is "
+            "nothing consistent to average:\n" + "\n".join(lines) + "\n"
+            "Optimizer state appears on the first step: call average_params on every rank after the same "
+            "number of steps, with the same model and optimizer config.",
+            problems=[("average_params", "ranks disagree")],
+        )

@@ -1,0 +1,176 @@
+"""Import paths in a config (``"pkg.mod:Class"``, ``"pkg.mod.Class"``), and the
+rules that keep them safe.
+
+It is its own module because it is the one place where a config string makes
+optcore import a module, so the rules sit together where a reviewer reads them:
+
+- an import path may name only a class of the registry's kind (a
+  ``torch.optim.Optimizer`` subclass; for schedulers an ``LRScheduler``
+  subclass or ``ReduceLROnPlateau``) or a factory that was registered or is
+  declared by an entry point. Anything else is a :class:`ConfigError`
+  raised here, before anything is called;
+- importing the named module runs its code, so import paths can be turned
+  off: ``allow_import_paths=False``, or ``OPTCORE_ALLOW_IMPORT_PATHS=0``
+  (``false``/``no``/``off``) when the keyword is ``None``. Then an import
+  path is a :class:`ConfigError` that says how to register the class, and no
+  module is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from ._errors import ConfigError, printable, shown
+from ._names import close_matches, normalize
+from ._packages import importable_classes, is_installed, what_it_is
+from ._plugins import entry_points
+from ._spec import OptimizerSpec
+
+_OFF = {"0", "false", "no", "off"}
+
+
+def import_paths_allowed(flag: bool | None = None) -> bool:
+    """``flag``, or when it is ``None`` the ``OPTCORE_ALLOW_IMPORT_PATHS``
+    switch (allowed unless ``0``/``false``/``no``/``off``)."""
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get("OPTCORE_ALLOW_IMPORT_PATHS", "").strip().lower() not in _OFF
+
+
+class ImportPaths:
+    """The import-path half of :class:`optcore._resolution.Registry`.
+
+    A mixin: it reads the registry's ``kind``, ``group``, ``_user``,
+    ``_index()``, ``_not_found``, ``_searched()``, ``_all_names()`` and
+    ``_spec_for_object()``.
+    """
+
+    kind: str
+    group: str
+    _user: dict[str, OptimizerSpec]
+    _not_found: Any
+    _index: Any
+    _searched: Any
+    _all_names: Any
+    _spec_for_object: Any
+
+    def _resolve_import(self, module: str, attr: str, text: str, allowed: bool) -> OptimizerSpec:
+        """An import path: a class of this kind, or a registered or declared
+        factory; checked here, so that nothing else is ever called."""
+        if not module or not attr or not all(p.isidentifier() for p in [*module.split("."), attr]):
+            raise self._not_found(text, self._searched(), close_matches(text, self._all_names(self._index())))
+        declared = self._declared(module, attr)
+        if declared is not None:  # a registered or plugin name, by its import path: imports nothing here
+            return declared
+        if not allowed:
+            raise self._import_paths_off(module, attr, text)
+        top = module.partition(".")[0]
+        if not is_installed(top):
+            raise self._not_found(
+                text,
+                [f"import path {module}:{attr}"],
+                close_matches(attr, self._all_names(self._index())),
+                hint=f"Module {top!r} is not installed; pip install the package that provides it.",
+            )
+        mod = self._import_module(module, text)
+        try:
+            obj = getattr(mod, attr)
+        except AttributeError:
+            classes = self._classes_in(mod)
+            sep = ":" if ":" in text else "."
+            raise self._not_found(
+                text,
+                [f"the {self.kind} classes of module {module} ({len(classes)})"],
+                [f"{module}{sep}{n}" for n in close_matches(attr, classes)],
+                hint=f"Module {module} has no {attr!r}; `optcore list` shows the names optcore knows.",
+            ) from None
+        except Exception as exc:  # a module __getattr__ that fails
+            raise ConfigError(
+                f"type {shown(text)}: reading {attr!r} from module {module} failed "
+                f"({type(exc).__name__}: {printable(exc)}).",
+                problems=[("type", "import failed")],
+            ) from exc
+        if not (isinstance(obj, type) and issubclass(obj, importable_classes(self.kind))):
+            raise ConfigError(
+                f"type {shown(text)} names {what_it_is(obj)}, not {self._kind_classes()}. An import path in a config "
+                f"may name only such a class; a factory must first be registered "
+                f"(optcore.register_{self.kind}('MyName', factory)) or declared as an entry point in group "
+                f"{self.group!r}, and is then named by that name.",
+                problems=[("type", f"not a {self.kind} class")],
+                target=text,
+            )
+        return self._spec_for_object(obj, qualified=f"{module}:{attr}", source="package")
+
+    def _declared(self, module: str, attr: str) -> OptimizerSpec | None:
+        """The registered or entry-point spec whose object is ``module:attr``,
+        found by name (nothing is imported)."""
+        path = f"{module}:{attr}"
+        bases = importable_classes(self.kind)
+        for spec in self._user.values():
+            target = spec.target  # registered objects are in memory
+            if isinstance(target, type) and issubclass(target, bases):
+                continue  # a class resolves by its path as itself, not as someone's registration
+            if f"{getattr(target, '__module__', '')}:{getattr(target, '__qualname__', '')}" == path:
+                return spec
+        for specs in self._index().values():
+            for spec in specs:
+                if spec.source == "plugin" and self._entry_value(spec) == path:
+                    return spec
+        return None
+
+    def _entry_value(self, spec: OptimizerSpec) -> str | None:
+        for entry in entry_points(self.group):
+            if entry.name == spec.name and (entry.distribution or entry.module) == spec.provider:
+                return entry.value.replace(" ", "")
+        return None
+
+    def _import_module(self, module: str, text: str) -> Any:
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or ""
+            if missing and (module == missing or module.startswith(missing + ".")):
+                raise self._not_found(
+                    text, [f"import path {module}"], [], hint=f"There is no module {missing!r}."
+                ) from None
+            raise self._import_failed(module, text, exc) from exc
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the module's own code failed, sys.exit() too
+            raise self._import_failed(module, text, exc) from exc
+
+    def _import_failed(self, module: str, text: str, exc: BaseException) -> ConfigError:
+        return ConfigError(
+            f"type {shown(text)}: importing module {module} failed ({type(exc).__name__}: {printable(exc)}). "
+            "Fix or reinstall the package that provides it.",
+            problems=[("type", "import failed")],
+            target=text,
+        )
+
+    def _import_paths_off(self, module: str, attr: str, text: str) -> ConfigError:
+        known = self._index().get(normalize(attr))
+        also = f" {attr!r} is a known name: use type={known[0].qualified!r}." if known else ""
+        return ConfigError(
+            f"type {shown(text)} is an import path, and import paths are turned off (allow_import_paths=False or "
+            f"OPTCORE_ALLOW_IMPORT_PATHS=0), so no module is imported for a config. Name a known {self.kind} "
+            f"instead (`optcore list`), or register the class in code and use its name: "
+            f"`optcore.register_{self.kind}({attr!r}, {module}.{attr})`, or declare it as an entry point in group "
+            f"{self.group!r}.{also}",
+            problems=[("type", "import paths are turned off")],
+            target=text,
+        )
+
+    def _kind_classes(self) -> str:
+        if self.kind == "scheduler":
+            return "a torch.optim.lr_scheduler.LRScheduler subclass or ReduceLROnPlateau"
+        return "a torch.optim.Optimizer subclass"
+
+    def _classes_in(self, mod: Any) -> list[str]:
+        bases = importable_classes(self.kind)
+        return [
+            n
+            for n, v in vars(mod).items()
+            if not n.startswith("_") and isinstance(v, type) and issubclass(v, bases) and v not in bases
+        ]

@@ -1,0 +1,308 @@
+"""``Registry``: the names of one kind, resolved in API.md's order.
+
+Optimizers (:mod:`optcore._registry`) and schedulers
+(:mod:`optcore.schedulers`) are two instances of this one machine, so both
+kinds resolve, shadow, list and register the same way:
+
+1. the kind's built-in sources (``torch.optim``, then for optimizers the
+   installed third-party packages of :mod:`optcore._packages`);
+2. dotted paths (:mod:`optcore._import_paths`);
+3. ``register_*`` calls in user code, then entry points of the kind's group.
+
+The first place that has a name wins; the others are kept on the winning spec
+as ``shadowed``. A qualified name picks one place explicitly: a source
+(``"torch:Adafactor"``, ``"user:MyOpt"``), a provider (``"optcore-lion:Lion"``,
+``"optcore_lion:Lion"``, ``"pytorch_optimizer:Lion"``) or an import path
+(``"pkg.mod:Class"``, ``"pkg.mod.Class"``).
+
+A plain name that none of these tables has is then asked of the installed
+packages that keep a registry of their own (pytorch_optimizer, timm), which
+imports them; listing does only when asked to (``ask_packages=True``). So a
+plugin name that only such a registry also has resolves to the plugin,
+unreported. A name longer than :data:`~optcore._names.MAX_NAME_LENGTH` is
+refused before any work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ._errors import ConfigError, OptimizerNotFoundError, printable, shown
+from ._import_paths import ImportPaths, import_paths_allowed
+from ._names import MAX_NAME_LENGTH, close_matches, normalize
+from ._packages import PackageRegistries
+from ._plugins import PluginEntry, entry_points
+from ._spec import OptimizerSpec
+
+SOURCES = ("torch", "package", "builtin", "plugin", "user")
+
+
+class ShadowedNameWarning(UserWarning):
+    """A plain name resolved to one provider while another one is installed."""
+
+
+class Registry(ImportPaths):
+    """The names of one kind (optimizers here; schedulers reuse it)."""
+
+    def __init__(
+        self,
+        kind: str,
+        group: str,
+        builtin_sources: Iterable[Callable[[], list[OptimizerSpec]]],
+        not_found: type[OptimizerNotFoundError] = OptimizerNotFoundError,
+        validate: Callable[[Any], None] | None = None,
+        spec_class: type[OptimizerSpec] = OptimizerSpec,
+        reduce_to: Callable[[str], Any] | None = None,
+        asked: PackageRegistries | None = None,
+    ) -> None:
+        self.kind = kind
+        self._spec_class = spec_class
+        self.group = group
+        self._builtin_sources = list(builtin_sources)
+        self._not_found = not_found
+        self._validate = validate
+        self._reduce_to = reduce_to
+        self.asked = asked
+        self._user: dict[str, OptimizerSpec] = {}
+        self._version = 0
+        self._lock = threading.RLock()
+        self._index_cache: tuple[Any, dict[str, list[OptimizerSpec]]] | None = None
+        self._warned: set[str] = set()
+
+    def _own(self, spec: OptimizerSpec) -> OptimizerSpec:
+        """``spec`` pickling to this registry's resolve function."""
+        if spec.reduce_to is not None or self._reduce_to is None:
+            return spec
+        return dataclasses.replace(spec, reduce_to=self._reduce_to)
+
+    # ------------------------------------------------------------ the sources
+    @functools.cached_property
+    def _builtins(self) -> list[OptimizerSpec]:
+        return [self._own(spec) for source in self._builtin_sources for spec in source()]
+
+    def _plugin_specs(self, entries: tuple[PluginEntry, ...]) -> list[OptimizerSpec]:
+        return [
+            self._spec_class(
+                name=e.name,
+                source="plugin",
+                provider=e.distribution or e.module,
+                qualified=f"{e.distribution or e.module}:{e.name}",
+                loader=e.loader(self._validate),
+                version=e.version,
+                kind=self.kind,
+                reduce_to=self._reduce_to,
+            )
+            for e in entries
+        ]
+
+    def _index(self) -> dict[str, list[OptimizerSpec]]:
+        entries = entry_points(self.group)
+        key = (self._version, entries)
+        cached = self._index_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        with self._lock:
+            index: dict[str, list[OptimizerSpec]] = {}
+            for spec in [*self._builtins, *self._user.values(), *self._plugin_specs(entries)]:
+                index.setdefault(normalize(spec.name), []).append(spec)
+            self._index_cache = (key, index)
+            self._warned.clear()  # a new set of providers: say it again
+            return index
+
+    # ------------------------------------------------------------- resolving
+    def resolve(self, name: Any, *, allow_import_paths: bool | None = None) -> OptimizerSpec:
+        """The spec for ``name`` (see the module docstring for the forms).
+
+        ``allow_import_paths``: whether a dotted path may import its module
+        (``None``: the ``OPTCORE_ALLOW_IMPORT_PATHS`` switch, default allowed).
+        """
+        if not isinstance(name, str):
+            if callable(name):
+                return self._spec_for_object(name)
+            raise ConfigError(
+                f"An {self.kind} type must be a name or a class, got {type(name).__name__} {printable(repr(name))}.",
+                problems=[("type", "not a string or class")],
+            )
+        if len(name) > MAX_NAME_LENGTH:
+            raise ConfigError(
+                f"The {self.kind} type is {len(name):,} characters long; a name or import path has at most "
+                f"{MAX_NAME_LENGTH}: {shown(name, 60)}.",
+                problems=[("type", f"longer than {MAX_NAME_LENGTH} characters")],
+            )
+        text = name.strip()
+        if not text:
+            raise ConfigError(f"Empty {self.kind} type: give a name such as 'AdamW'.", problems=[("type", "empty")])
+        allowed = import_paths_allowed(allow_import_paths)
+        index = self._index()
+        if ":" in text:
+            return self._resolve_qualified(text, index, allowed)
+        found = index.get(normalize(text))
+        if found:
+            return self._winner(found)
+        if "." in text:
+            module, _, attr = text.rpartition(".")
+            return self._resolve_import(module, attr, text, allowed)
+        if self.asked is not None:
+            found = self.asked.find(text, kind=self.kind, reduce_to=self._reduce_to)
+            if found:
+                return self._winner(found)
+        raise self._not_found(text, self._searched(), close_matches(text, self._all_names(index)))
+
+    def _winner(self, found: list[OptimizerSpec]) -> OptimizerSpec:
+        winner = found[0]
+        if len(found) == 1:
+            return winner
+        spec = dataclasses.replace(winner, shadowed=tuple(found[1:]))
+        spec.__dict__.update({k: v for k, v in winner.__dict__.items() if k in ("target", "schema", "capabilities")})
+        overlooked = [s for s in found[1:] if s.source in ("plugin", "user")]
+        if overlooked and winner.source in ("torch", "package", "plugin") and normalize(winner.name) not in self._warned:
+            self._warned.add(normalize(winner.name))
+            others = ", ".join(f"{s.provider} ({s.source}; select it with type={s.qualified!r})" for s in overlooked)
+            warnings.warn(
+                f"{self.kind.capitalize()} name {winner.name!r} resolved to {winner.qualified} ({winner.source}), "
+                f"which comes first in the resolution order; also installed: {others}. "
+                f"Use type={winner.qualified!r} to keep this choice and silence this warning.",
+                ShadowedNameWarning,
+                stacklevel=4,
+            )
+        return spec
+
+    def _resolve_qualified(self, text: str, index: dict[str, list[OptimizerSpec]], allowed: bool) -> OptimizerSpec:
+        prefix, _, rest = text.partition(":")
+        norm_prefix, norm_rest = normalize(prefix), normalize(rest)
+        candidates = index.get(norm_rest, [])
+        if norm_prefix in SOURCES:
+            picked = [s for s in candidates if s.source == norm_prefix]
+            if picked:
+                return picked[0]
+            raise self._not_found(
+                text,
+                [f"{norm_prefix} {self.kind}s"],
+                [s.qualified for s in candidates] or close_matches(rest, self._all_names(index)),
+            )
+        picked = [
+            s
+            for s in candidates
+            if normalize(s.provider) == norm_prefix or normalize(s.qualified.partition(":")[0]) == norm_prefix
+        ]
+        if picked:
+            return picked[0]
+        if self.asked is not None and rest.isidentifier():
+            packages = self.asked.matching(prefix)
+            if packages:
+                found = self.asked.find(rest, packages, kind=self.kind, reduce_to=self._reduce_to)
+                if found:
+                    return found[0]
+        return self._resolve_import(prefix, rest, text, allowed)
+
+    def _spec_for_object(self, obj: Any, qualified: str | None = None, source: str = "user") -> OptimizerSpec:
+        module = getattr(obj, "__module__", "") or ""
+        name = getattr(obj, "__name__", type(obj).__name__)
+        spec = self._spec_class(
+            name=name,
+            source=source,  # type: ignore[arg-type]
+            provider=module.partition(".")[0] or "<object>",
+            qualified=qualified or f"{module}:{name}",
+            loader=lambda: obj,
+            kind=self.kind,
+            reduce_to=self._reduce_to,
+        )
+        spec.__dict__["target"] = obj  # in memory already
+        return spec
+
+    def _all_names(self, index: dict[str, list[OptimizerSpec]]) -> list[str]:
+        names = [specs[0].name for specs in index.values()]
+        return names + (self.asked.all_names() if self.asked is not None else [])
+
+    def _searched(self) -> list[str]:
+        where = [f"{self.kind}s of torch, installed packages, register_{self.kind}() and plugins ({self.group})"]
+        if self.asked is not None:
+            where += [f"{dist}'s registry (unreadable: {why})" for dist, why in self.asked.failures.items()]
+        return where
+
+    # ---------------------------------------------------------------- listing
+    def list(self, all: bool = False, ask_packages: bool = False) -> list[OptimizerSpec]:
+        """Every resolvable name once (the winner, with ``shadowed``), or with
+        ``all=True`` every provider of every name. ``ask_packages=True`` adds
+        the names that only the packages' own registries have (76 of
+        pytorch_optimizer's 128 here), which imports those packages."""
+        index = self._index()
+        if all:
+            specs = [spec for specs in index.values() for spec in specs]
+        else:
+            specs = [self._quiet_winner(specs) for specs in index.values()]
+        if ask_packages and self.asked is not None:
+            specs += self.asked.every(index, kind=self.kind, reduce_to=self._reduce_to)
+        return specs
+
+    def _quiet_winner(self, specs: list[OptimizerSpec]) -> OptimizerSpec:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShadowedNameWarning)
+            return self._winner(specs) if len(specs) > 1 else specs[0]
+
+    # ------------------------------------------------------------ registering
+    def register(self, name_or_target: Any = None, target: Any = None, *, schema: Any = None, override: bool = False) -> Any:
+        """``register(name, cls)``, ``register(cls)``, or as a decorator
+        ``@register(name, schema=...)`` / ``@register``."""
+        if name_or_target is not None and not isinstance(name_or_target, str):
+            if target is not None:
+                raise ConfigError(
+                    f"register_{self.kind}(name, target): the name must be a string, got {name_or_target!r}."
+                )
+            name_or_target, target = None, name_or_target
+        name = name_or_target
+
+        def add(obj: Any) -> Any:
+            self._add(name or obj.__name__, obj, schema, override)
+            return obj
+
+        return add if target is None else add(target)
+
+    def _add(self, name: str, target: Any, schema: Any, override: bool) -> None:
+        if not callable(target):
+            raise ConfigError(f"register_{self.kind}({name!r}, ...) needs a class or factory, got {target!r}.")
+        if schema is not None:
+            from pydantic import BaseModel  # lazily: pydantic stays out of import optcore
+
+            if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+                raise ConfigError(f"schema for {name!r} must be a pydantic BaseModel subclass, got {schema!r}.")
+        key = normalize(name)
+        with self._lock:
+            existing = self._user.get(key)
+            if existing is not None and existing.target is not target and not override:
+                raise ConfigError(
+                    f"{self.kind.capitalize()} {name!r} is already registered ({existing.qualified}); "
+                    f"pass override=True to replace it, or choose another name."
+                )
+            self._user[key] = self._spec_class(
+                name=name,
+                source="user",
+                provider=(getattr(target, "__module__", "") or "<user>").partition(".")[0],
+                qualified=f"user:{name}",
+                loader=lambda: target,
+                explicit_schema=schema,
+                kind=self.kind,
+                reduce_to=self._reduce_to,
+            )
+            self._version += 1
+            self._warned.discard(key)
+        first = next((s for s in self._builtins if normalize(s.name) == key), None)
+        if first is not None:
+            warnings.warn(
+                f"register_{self.kind}({name!r}): {first.qualified} ({first.source}) already has this name and "
+                f"resolves first; select yours with type='user:{name}'.",
+                ShadowedNameWarning,
+                stacklevel=3,
+            )
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            if self._user.pop(normalize(name), None) is None:
+                raise self._not_found(name, ["register_" + self.kind + "() registrations"], close_matches(name, [s.name for s in self._user.values()]))
+            self._version += 1
+

@@ -1,0 +1,41 @@
+"""``pointer_problem``: may a C kernel be handed this tensor's data pointer?
+
+Its own module because it is the one part of the kernels that needs torch
+(the build itself runs without it), and because every plugin calls it on
+every tensor before a pointer leaves Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def pointer_problem(t: Any, dtype: Any) -> str | None:
+    """Why a C kernel may not be handed ``t``'s data pointer as ``dtype``
+    elements, or ``None`` when it may: a plain (not subclassed) CPU tensor of
+    that dtype, contiguous, not a lazily negated/conjugated view, with an
+    allocated storage that holds all of it. Kernels trust the sizes they are
+    given, so every plugin checks each tensor with this before its pointer
+    leaves Python (and checks shapes against each other itself)."""
+    import torch  # kernels are built without torch; checking a tensor needs it
+
+    if t is None:
+        return "is missing"
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):  # DTensor, FakeTensor...: no plain memory to hand over
+        return f"is a {type(t).__name__}, not a plain tensor"
+    if t.device.type != "cpu":
+        return f"is on {t.device}, not the CPU"
+    if t.dtype != dtype:
+        return f"is {t.dtype}, not {dtype}"
+    if not t.is_contiguous():
+        return "is not contiguous"
+    if t.is_neg() or t.is_conj():
+        return "is a lazily negated or conjugated view"
+    if t.numel() == 0:
+        return None
+    try:
+        storage = t.untyped_storage()
+        backed = storage.data_ptr() != 0 and (t.storage_offset() + t.numel()) * t.element_size() <= storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # no storage at all
+        backed = False
+    return None if backed else "has no allocated storage of its size"
