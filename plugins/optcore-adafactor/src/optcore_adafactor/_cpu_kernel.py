@@ -324,27 +324,46 @@ static void matrix_job(const job_t *j, float *scratch) {
 
 static int64_t round16(int64_t k) { return (k + 15) & ~(int64_t)15; }
 
-/* The step of `count` tensors (see job_at). Jobs of at least `shared_min`
-   elements are split by rows over all threads (pass 1 over each thread's
-   rows, a barrier, the factors by one thread from the per-thread partial
-   sums added in thread order, so results do not depend on timing, a
-   barrier, pass 2 over the same rows); smaller ones, and all vectors, go
-   whole to one thread each as threads come free: one fork and join for the
-   whole batch. Returns 0, or -1 when the scratch memory could not be
+typedef struct { int64_t size, k; } order_t;
+
+static int larger_first(const void *a, const void *b) {
+  const order_t *x = (const order_t *)a, *y = (const order_t *)b;
+  return x->size != y->size ? (x->size < y->size ? 1 : -1) : (x->k > y->k) - (x->k < y->k);
+}
+
+/* The step of `count` tensors (see job_at), with one fork and join for all.
+   Vectors and matrices under `shared_min` elements go whole to one thread
+   each, largest first, as threads come free; larger matrices are then split
+   by rows over all threads: pass 1 over each thread's rows, a barrier, the
+   factors by one thread from the per-thread partial sums added in thread
+   order (so results do not depend on timing), a barrier, pass 2 over the
+   same rows. Returns 0, or -1 when the scratch memory could not be
    allocated (then nothing was changed). */
 int adafactor_step_batch(int64_t count, const int64_t *dims, void *const *ptrs, const double *f, double *out,
                          int64_t shared_min, int threads) {
-  int64_t max_n = 1, max_m = 1;
-  for (int64_t k = 0; k < count; ++k) {
-    if (dims[2 * k + 1] == 0) continue;
-    if (dims[2 * k] > max_n) max_n = dims[2 * k];
-    if (dims[2 * k + 1] > max_m) max_m = dims[2 * k + 1];
-  }
+  int64_t max_n = 1, max_m = 1, whole = 0, shared = 0;
   if (threads < 1) threads = 1;
+  order_t *order = (order_t *)malloc((size_t)(count > 0 ? count : 1) * sizeof(order_t));
+  if (!order) return -1;
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t n = dims[2 * k], m = dims[2 * k + 1];
+    if (m == 0 || n * m < shared_min || threads == 1) order[whole++] = (order_t){m ? n * m : n, k};
+    if (m == 0) continue;
+    if (n > max_n) max_n = n;
+    if (m > max_m) max_m = m;
+  }
+  qsort(order, (size_t)whole, sizeof(order_t), larger_first);
+  for (int64_t k = 0; k < count; ++k) /* the rest, in their order */
+    if (!(dims[2 * k + 1] == 0 || dims[2 * k] * dims[2 * k + 1] < shared_min || threads == 1))
+      order[whole + shared++] = (order_t){dims[2 * k] * dims[2 * k + 1], k};
   /* per thread: 3 m + n floats (a whole job, or 2 m of partial sums); shared: m + n, and a double per thread */
-  const int64_t per_thread = round16(3 * max_m + max_n), shared = round16(max_m) + round16(max_n);
-  float *mem = (float *)malloc((size_t)(threads * per_thread + shared + 2 * threads + 16) * sizeof(float));
-  if (!mem) return -1;
+  const int64_t per_thread = round16(3 * max_m + max_n);
+  float *mem = (float *)malloc((size_t)(threads * per_thread + round16(max_m) + round16(max_n) + 2 * threads + 16) *
+                               sizeof(float));
+  if (!mem) {
+    free(order);
+    return -1;
+  }
   float *base = (float *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
   float *cf = base + threads * per_thread, *rf = cf + round16(max_m);
   double *xsqs = (double *)(rf + round16(max_n));
@@ -357,16 +376,18 @@ int adafactor_step_batch(int64_t count, const int64_t *dims, void *const *ptrs, 
     nt = omp_get_num_threads();
 #endif
     float *mine = base + t * per_thread;
-    /* whole jobs first, dynamically: the first barrier below absorbs the imbalance */
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t k = 0; k < count; ++k) {
-      job_t j = job_at(k, dims, ptrs, f, out);
+    for (int64_t i = 0; i < whole; ++i) {
+      job_t j = job_at(order[i].k, dims, ptrs, f, out);
       if (j.m == 0) vector_job(&j);
-      else if (j.n * j.m < shared_min || nt == 1) matrix_job(&j, mine);
-    }
-    for (int64_t k = 0; nt > 1 && k < count; ++k) {
-      job_t j = job_at(k, dims, ptrs, f, out);
-      if (j.m == 0 || j.n * j.m < shared_min) continue;
+      else matrix_job(&j, mine);
+    } /* implicit barrier */
+    for (int64_t i = whole; i < whole + shared; ++i) {
+      job_t j = job_at(order[i].k, dims, ptrs, f, out);
+      if (nt == 1) { /* fewer threads than asked for */
+        matrix_job(&j, mine);
+        continue;
+      }
       const int64_t lo = j.n * t / nt, hi = j.n * (t + 1) / nt;
       memset(mine, 0, 2 * j.m * sizeof(float));
       xsqs[t] = stats_rows(&j, lo, hi, mine, mine + j.m);
@@ -385,16 +406,19 @@ int adafactor_step_batch(int64_t count, const int64_t *dims, void *const *ptrs, 
     }
   }
   free(mem);
+  free(order);
   return 0;
 }
 """
 
 _HEADER = "#include <math.h>\n#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
 
-#: Matrices of at least this many elements are split by rows over all
-#: threads; smaller ones go whole to one thread each (measured on a 2-core
-#: EPYC VM: splitting pays once a matrix no longer fits one core's L2).
-SHARED_MIN = 1 << 19
+#: Matrices of at least this many elements (8 MB of fp32) are split by rows
+#: over all threads; smaller ones go whole to one thread each, which needs no
+#: barrier. Pass 2 re-reads what pass 1 read, so a matrix whose p and g (16 MB
+#: here) fit in each thread's share of the last-level cache is best stepped
+#: by one thread, and a larger one by all, each on its own rows.
+SHARED_MIN = 1 << 21
 
 #: Why the kernel could not be built, once :func:`load` has failed.
 unavailable_reason: str | None = None
