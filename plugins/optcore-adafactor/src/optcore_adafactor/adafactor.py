@@ -256,10 +256,10 @@ class Adafactor(Optimizer):
                 batched.append(self.state[p])
             else:
                 rest.append((group, p))
+        if batch is not None:
+            batch.run()  # raises before writing anything if it cannot run
         for state in batched:
             state["step"] += 1
-        if batch is not None:
-            batch.run()
         for group, p in rest:
             if traced or group["implementation"] == "compiled":
                 self._update_traceable(group, p, 1.0 / scale, compiled=not traced)
