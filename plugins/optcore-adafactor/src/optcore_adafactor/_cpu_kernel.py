@@ -159,66 +159,61 @@ static job_t job_at(int64_t k, const int64_t *dims, void *const *ptrs, const dou
 /* Pass 1 over rows [lo, hi) of a factored job: reads g (and x when j->rms),
    updates row[lo..hi) to R_t and adds sum_i g^2 and sum_i g^2 / R_i of these
    rows to sq[m] and w[m]; returns sum x^2 of these rows. Rows go four at a
-   time: their sums first (float lanes per row, a row has at most a few
-   thousand elements per lane), then one sweep adds all four to sq and w, so
-   these m-vectors are loaded and stored once per four rows. */
+   time: first each row's sums (g and x one row after the other, so memory
+   is read in one ascending run; float lanes, a row has at most a few
+   thousand elements per lane, rows added up in double), then one sweep adds
+   all four rows (now in L1 or L2) to sq and w, so these m-vectors are
+   loaded and stored once per four rows. */
 static CLONES double stats_rows(const job_t *j, int64_t lo, int64_t hi, float *RESTRICT sq, float *RESTRICT w) {
   const int64_t m = j->m;
   const float beta2t = (float)j->f[0], inv_s2 = (float)(j->f[1] * j->f[1]);
   const float a = (1.0f - beta2t) * inv_s2 / (float)m, b = (1.0f - beta2t) * (float)j->f[2];
-  const float *RESTRICT g = j->g;
-  const float *RESTRICT x = j->x;
   float *RESTRICT row = j->row;
   double xsq = 0.0;
-  int64_t i = lo;
-  for (; i + 4 <= hi; i += 4) {
-    const float *RESTRICT g0 = g + i * m, *RESTRICT g1 = g0 + m, *RESTRICT g2 = g1 + m, *RESTRICT g3 = g2 + m;
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    if (j->rms) {
-      const float *RESTRICT x0 = x + i * m, *RESTRICT x1 = x0 + m, *RESTRICT x2 = x1 + m, *RESTRICT x3 = x2 + m;
-      float q0 = 0.0f, q1 = 0.0f, q2 = 0.0f, q3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3, q0, q1, q2, q3)
-      for (int64_t k = 0; k < m; ++k) {
-        s0 += g0[k] * g0[k]; s1 += g1[k] * g1[k]; s2 += g2[k] * g2[k]; s3 += g3[k] * g3[k];
-        q0 += x0[k] * x0[k]; q1 += x1[k] * x1[k]; q2 += x2[k] * x2[k]; q3 += x3[k] * x3[k];
-      }
-      xsq += ((double)q0 + (double)q1) + ((double)q2 + (double)q3);
-    } else {
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-      for (int64_t k = 0; k < m; ++k) {
-        s0 += g0[k] * g0[k]; s1 += g1[k] * g1[k]; s2 += g2[k] * g2[k]; s3 += g3[k] * g3[k];
-      }
-    }
-    const float r0 = beta2t * row[i] + a * s0 + b, r1 = beta2t * row[i + 1] + a * s1 + b;
-    const float r2 = beta2t * row[i + 2] + a * s2 + b, r3 = beta2t * row[i + 3] + a * s3 + b;
-    row[i] = r0; row[i + 1] = r1; row[i + 2] = r2; row[i + 3] = r3;
-    const float i0 = 1.0f / r0, i1 = 1.0f / r1, i2 = 1.0f / r2, i3 = 1.0f / r3;
-#pragma omp simd
-    for (int64_t k = 0; k < m; ++k) {
-      const float v0 = g0[k] * g0[k], v1 = g1[k] * g1[k], v2 = g2[k] * g2[k], v3 = g3[k] * g3[k];
-      sq[k] += (v0 + v1) + (v2 + v3);
-      w[k] += (v0 * i0 + v1 * i1) + (v2 * i2 + v3 * i3);
-    }
-  }
-  for (; i < hi; ++i) {
-    const float *RESTRICT gi = g + i * m;
-    float s = 0.0f;
+  for (int64_t i0 = lo; i0 < hi; i0 += 4) {
+    const int64_t rows = hi - i0 < 4 ? hi - i0 : 4;
+    float inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *RESTRICT gi = j->g + (i0 + r) * m;
+      float s = 0.0f;
+      if (j->rms) {
+        const float *RESTRICT xi = j->x + (i0 + r) * m;
+        float q = 0.0f;
+#pragma omp simd reduction(+ : s, q)
+        for (int64_t k = 0; k < m; ++k) {
+          s += gi[k] * gi[k];
+          q += xi[k] * xi[k];
+        }
+        xsq += (double)q;
+      } else {
 #pragma omp simd reduction(+ : s)
-    for (int64_t k = 0; k < m; ++k) s += gi[k] * gi[k];
-    if (j->rms) {
-      const float *RESTRICT xi = x + i * m;
-      float q = 0.0f;
-#pragma omp simd reduction(+ : q)
-      for (int64_t k = 0; k < m; ++k) q += xi[k] * xi[k];
-      xsq += (double)q;
+        for (int64_t k = 0; k < m; ++k) s += gi[k] * gi[k];
+      }
+      const float rr = beta2t * row[i0 + r] + a * s + b;
+      row[i0 + r] = rr;
+      inv[r] = 1.0f / rr;
     }
-    const float r = beta2t * row[i] + a * s + b, inv = 1.0f / r;
-    row[i] = r;
+    const float *RESTRICT g0 = j->g + i0 * m;
+    if (rows == 4) {
+      const float *RESTRICT g1 = g0 + m, *RESTRICT g2 = g1 + m, *RESTRICT g3 = g2 + m;
+      const float i0_ = inv[0], i1 = inv[1], i2 = inv[2], i3 = inv[3];
 #pragma omp simd
-    for (int64_t k = 0; k < m; ++k) {
-      const float v = gi[k] * gi[k];
-      sq[k] += v;
-      w[k] += v * inv;
+      for (int64_t k = 0; k < m; ++k) {
+        const float v0 = g0[k] * g0[k], v1 = g1[k] * g1[k], v2 = g2[k] * g2[k], v3 = g3[k] * g3[k];
+        sq[k] += (v0 + v1) + (v2 + v3);
+        w[k] += (v0 * i0_ + v1 * i1) + (v2 * i2 + v3 * i3);
+      }
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float *RESTRICT gi = g0 + r * m;
+        const float ir = inv[r];
+#pragma omp simd
+        for (int64_t k = 0; k < m; ++k) {
+          const float v = gi[k] * gi[k];
+          sq[k] += v;
+          w[k] += v * ir;
+        }
+      }
     }
   }
   return xsq;
@@ -253,15 +248,19 @@ static float factors(const job_t *j, const float *sq, const float *w, double xsq
   return (float)(j->f[7] * step);
 }
 
-/* Pass 2 over rows [lo, hi), last row first (the rows pass 1 read last are
-   the likeliest still in cache): reads g, x (and mom), writes x (and mom):
+/* Pass 2 over rows [lo, hi), last rows first (those pass 1 read last are the
+   likeliest still in cache), in blocks of about 64 KB visited forwards (so
+   the hardware prefetcher still sees long ascending runs when rows are
+   short): reads g, x (and mom), writes x (and mom):
      x -= decay x;  x += g c r                          (no mom), or
      mom = beta1 mom + g c r;  x -= decay x;  x -= mom  (r carries (1 - beta1) lr). */
 static CLONES void apply_rows(const job_t *j, int64_t lo, int64_t hi, const float *RESTRICT cf, const float *RESTRICT rf,
                               float decay) {
   const int64_t m = j->m;
   const float beta1 = (float)j->f[6];
-  for (int64_t i = hi; i-- > lo;) {
+  const int64_t block = m >= 16384 ? 1 : 16384 / m;
+  for (int64_t b_hi = hi; b_hi > lo; b_hi -= block)
+  for (int64_t i = b_hi - block > lo ? b_hi - block : lo; i < b_hi; ++i) {
     float *RESTRICT xi = j->x + i * m;
     const float *RESTRICT gi = j->g + i * m;
     const float ri = rf[i];
