@@ -51,7 +51,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         monkeypatch.setattr(_traceable.CompiledUpdates, "backend", "eager")
         monkeypatch.setitem(IMPLEMENTATION, "name", "compiled")
     else:
-        monkeypatch.setattr(_cpu_kernel, "eligible", lambda *tensors: False)
+        monkeypatch.setattr(_cpu_kernel, "load", lambda: None)
     monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 64)
     return request.param
 
@@ -60,7 +60,7 @@ def test_c_kernel_and_torch_ops_agree(monkeypatch: pytest.MonkeyPatch, path: str
     if path != "c-kernel":
         pytest.skip("compares the two paths once")
     fast, _, _, _ = _run_both({"beta1": 0.9, "weight_decay": 0.01}, steps=20)
-    monkeypatch.setattr(_cpu_kernel, "eligible", lambda *tensors: False)
+    monkeypatch.setattr(_cpu_kernel, "load", lambda: None)
     slow, _, _, _ = _run_both({"beta1": 0.9, "weight_decay": 0.01}, steps=20)
     _assert_close(fast, slow, 1e-6)
 
@@ -118,7 +118,7 @@ def test_large_chunks_agree_with_small_chunks(monkeypatch: pytest.MonkeyPatch, p
     """The chunked two-pass torch path does not depend on the chunk size."""
     if path != "torch-ops":
         pytest.skip("a property of the torch path")
-    monkeypatch.setattr(_cpu_kernel, "eligible", lambda *tensors: False)
+    monkeypatch.setattr(_cpu_kernel, "load", lambda: None)
     monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 1 << 19)
     big, ref, _, _ = _run_both({"beta1": 0.9}, steps=10)
     monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 64)

@@ -3,19 +3,25 @@
 Written with torch ops (:mod:`optcore_adafactor._kernels`), the statistics
 pass costs three times the memory traffic it needs, and the dozen small ops
 around it (row mean, factors, RMS(U), RMS(p), ...) cost more than the passes
-on small tensors. ``adafactor_step`` does the whole step of a matrix in one
-call: one pass reading G (and X, for RMS(X)) for the statistics, the O(n + m)
-work, and one pass reading G and X (and M) and writing X (and M).
-``adafactor_vector_step`` does the same for a vector (full second moment).
-They need no torch headers, so the system C compiler builds them in well
-under a second on first use; the library is cached (``$OPTCORE_CACHE_DIR``,
-else ``~/.cache/optcore``) and called through :mod:`ctypes`, which releases
-the GIL. OpenMP threads follow ``torch.get_num_threads()``.
+on small tensors. ``adafactor_step_batch`` does the whole step of many
+tensors in one call: per matrix, one pass reading G (and X, for RMS(X)) for
+the statistics, the O(n + m) work, and one pass reading G and X (and M) and
+writing X (and M); per vector the same with a full second moment. One call
+per optimizer step means one fork and join of the OpenMP threads and no
+Python in between: small tensors go whole to one thread each, large ones are
+split by rows over all threads (:data:`SHARED_MIN`).
+
+The loops need no torch headers, so the system C compiler builds them in
+well under a second on first use; the library is cached
+(``$OPTCORE_CACHE_DIR``, else ``~/.cache/optcore``) and called through
+:mod:`ctypes`, which releases the GIL. OpenMP threads follow
+``torch.get_num_threads()``.
 
 The loops trust the sizes they get, so every tensor is checked before its
-pointer goes to C (:func:`_require`: plain fp32 CPU tensor, exact shape,
-contiguous, storage large enough), and nothing runs while torch.compile
-traces (the tensors are then stand-ins without memory).
+pointer goes to C (:func:`_pointer`: plain fp32 CPU tensor, exact shape,
+contiguous, storage large enough, with :func:`optcore.kernels.pointer_problem`
+saying what is wrong), and nothing runs while torch.compile traces (the
+tensors are then stand-ins without memory).
 
 Where no compiler works, or with ``OPTCORE_ADAFACTOR_KERNEL=0``, :func:`load`
 returns ``None`` (the reason is in :data:`unavailable_reason`) and the torch
@@ -25,16 +31,19 @@ path runs; both give the same numbers (tested).
 from __future__ import annotations
 
 import ctypes
-
-from optcore.kernels import build_c_library
 import functools
 import os
+from array import array
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from optcore.kernels import build_c_library, pointer_problem
+
 SOURCE = r"""
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* One build runs everywhere: the loader picks the widest vector unit the CPU has. */
@@ -43,6 +52,7 @@ SOURCE = r"""
 #else
 #define CLONES
 #endif
+#define RESTRICT __restrict__
 
 /* Statistics pass over an n x m gradient g (the scale folded into a):
      row[i] = beta row[i] + a sum_j g[i,j]^2 + b
@@ -108,117 +118,306 @@ CLONES void adafactor_apply(int64_t n, int64_t m, float *x, const float *g, floa
   }
 }
 
-/* The whole factored step of an n x m fp32 matrix in two passes (one call):
-   pass 1 reads g (and x, for RMS(x) with scale_parameter) and updates row,
-   summing the columns of g^2 and g^2/row per thread into part (threads x 2 x m);
-   then the small vectors: col, the factors r (into rbuf, n) and c (into part),
-   RMS(U) from the column sums (see _kernels), the step size;
-   pass 2: x (and mom) updated from g, r and c.
-   in:  f[0..10] = beta2t, inv_s2, eps1, eps2, rho, clip, beta1, wd, inv_scale
-   out: out[0] = RMS(x) before the step, out[1] = step size, out[2] = RMS(U). */
-CLONES void adafactor_step(int64_t n, int64_t m, float *x, const float *g, float *mom, float *row, float *col,
-                           float *part, float *rbuf, const float *f, int scale_parameter, double *out, int threads) {
-  const float beta2t = f[0], inv_s2 = f[1], eps1 = f[2], eps2 = f[3], rho = f[4], clip = f[5], beta1 = f[6],
-              wd = f[7], inv_scale = f[8];
-  const float a = (1.0f - beta2t) * inv_s2 / (float)m, b = (1.0f - beta2t) * eps1;
+/* ---- the whole step of many tensors in one call ------------------------- */
+
+/* Job k of a batch is described by
+     dims[2k], dims[2k+1]   n, m: an n x m matrix (factored), or m = 0 for a
+                            vector of n elements (full second moment v)
+     ptrs[6k .. 6k+5]       x, g, mom (or NULL), row (vector: v), col (vector:
+                            NULL), rms (NULL: RMS(x) is neither needed nor stored)
+     f[8k .. 8k+7]          beta2t, inv_scale, eps1, eps2, rho, clip, beta1, wd
+     out[3k .. 3k+2]        (may be NULL) RMS(x) before the step, step size, RMS(U)
+   A non-NULL rms is scale_parameter: the step size is max(eps2, RMS(x)) rho
+   and RMS(x) is stored there. */
+#define NPTR 6
+#define NF 8
+
+typedef struct {
+  int64_t n, m;
+  float *x;
+  const float *g;
+  float *mom, *row, *col, *rms;
+  const double *f;
+  double *out;
+} job_t;
+
+static job_t job_at(int64_t k, const int64_t *dims, void *const *ptrs, const double *f, double *out) {
+  job_t j;
+  j.n = dims[2 * k];
+  j.m = dims[2 * k + 1];
+  j.x = (float *)ptrs[NPTR * k];
+  j.g = (const float *)ptrs[NPTR * k + 1];
+  j.mom = (float *)ptrs[NPTR * k + 2];
+  j.row = (float *)ptrs[NPTR * k + 3];
+  j.col = (float *)ptrs[NPTR * k + 4];
+  j.rms = (float *)ptrs[NPTR * k + 5];
+  j.f = f + NF * k;
+  j.out = out ? out + 3 * k : 0;
+  return j;
+}
+
+/* Pass 1 over rows [lo, hi) of a factored job: reads g (and x when j->rms),
+   updates row[lo..hi) to R_t and adds sum_i g^2 and sum_i g^2 / R_i of these
+   rows to sq[m] and w[m]; returns sum x^2 of these rows. Rows go four at a
+   time: first each row's sums (g and x one row after the other, so memory
+   is read in one ascending run; float lanes, a row has at most a few
+   thousand elements per lane, rows added up in double), then one sweep adds
+   all four rows (now in L1 or L2) to sq and w, so these m-vectors are
+   loaded and stored once per four rows. */
+static CLONES double stats_rows(const job_t *j, int64_t lo, int64_t hi, float *RESTRICT sq, float *RESTRICT w) {
+  const int64_t m = j->m;
+  const float beta2t = (float)j->f[0], inv_s2 = (float)(j->f[1] * j->f[1]);
+  const float a = (1.0f - beta2t) * inv_s2 / (float)m, b = (1.0f - beta2t) * (float)j->f[2];
+  float *RESTRICT row = j->row;
   double xsq = 0.0;
-  memset(part, 0, (int64_t)threads * 2 * m * sizeof(float));
-#pragma omp parallel num_threads(threads) reduction(+:xsq)
-  {
-    int t = 0;
-#ifdef _OPENMP
-    t = omp_get_thread_num();
-#endif
-    float *sq = part + (int64_t)t * 2 * m, *w = sq + m;
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float *gi = g + i * m;
-      double s = 0.0;
-#pragma omp simd reduction(+:s)
-      for (int64_t j = 0; j < m; ++j) s += (double)gi[j] * gi[j];
-      if (scale_parameter) {
-        const float *xi = x + i * m;
-        double q = 0.0;
-#pragma omp simd reduction(+:q)
-        for (int64_t j = 0; j < m; ++j) q += (double)xi[j] * xi[j];
-        xsq += q;
+  for (int64_t i0 = lo; i0 < hi; i0 += 4) {
+    const int64_t rows = hi - i0 < 4 ? hi - i0 : 4;
+    float inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *RESTRICT gi = j->g + (i0 + r) * m;
+      float s = 0.0f;
+      if (j->rms) {
+        const float *RESTRICT xi = j->x + (i0 + r) * m;
+        float q = 0.0f;
+#pragma omp simd reduction(+ : s, q)
+        for (int64_t k = 0; k < m; ++k) {
+          s += gi[k] * gi[k];
+          q += xi[k] * xi[k];
+        }
+        xsq += (double)q;
+      } else {
+#pragma omp simd reduction(+ : s)
+        for (int64_t k = 0; k < m; ++k) s += gi[k] * gi[k];
       }
-      float r = beta2t * row[i] + a * (float)s + b;
-      float inv = 1.0f / r;
-      row[i] = r;
-      for (int64_t j = 0; j < m; ++j) {
-        float v = gi[j] * gi[j];
-        sq[j] += v;
-        w[j] += v * inv;
+      const float rr = beta2t * row[i0 + r] + a * s + b;
+      row[i0 + r] = rr;
+      inv[r] = 1.0f / rr;
+    }
+    const float *RESTRICT g0 = j->g + i0 * m;
+    if (rows == 4) {
+      const float *RESTRICT g1 = g0 + m, *RESTRICT g2 = g1 + m, *RESTRICT g3 = g2 + m;
+      const float i0_ = inv[0], i1 = inv[1], i2 = inv[2], i3 = inv[3];
+#pragma omp simd
+      for (int64_t k = 0; k < m; ++k) {
+        const float v0 = g0[k] * g0[k], v1 = g1[k] * g1[k], v2 = g2[k] * g2[k], v3 = g3[k] * g3[k];
+        sq[k] += (v0 + v1) + (v2 + v3);
+        w[k] += (v0 * i0_ + v1 * i1) + (v2 * i2 + v3 * i3);
+      }
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float *RESTRICT gi = g0 + r * m;
+        const float ir = inv[r];
+#pragma omp simd
+        for (int64_t k = 0; k < m; ++k) {
+          const float v = gi[k] * gi[k];
+          sq[k] += v;
+          w[k] += v * ir;
+        }
       }
     }
   }
-  /* column statistics, RMS(U) and the factors (O(n + m)) */
-  for (int tt = 1; tt < threads; ++tt) {
-    const float *sq = part + (int64_t)tt * 2 * m, *w = sq + m;
-    for (int64_t j = 0; j < m; ++j) {
-      part[j] += sq[j];
-      part[m + j] += w[j];
-    }
-  }
+  return xsq;
+}
+
+/* Between the passes, O(n + m): C_t into col from the column sums sq, the
+   factors c (into cf, m) and r (into rf, n, with the step size and sign in
+   it), RMS(U) = sqrt(mean(R) sum_j w_j / C_j / (n m)) (see _kernels), the
+   step size; stores RMS(x). Returns the decay factor wd * step size. */
+static float factors(const job_t *j, const float *sq, const float *w, double xsq, float *RESTRICT cf, float *RESTRICT rf) {
+  const int64_t n = j->n, m = j->m;
+  const float beta2t = (float)j->f[0], inv_s2 = (float)(j->f[1] * j->f[1]), b = (1.0f - beta2t) * (float)j->f[2];
   const float ac = (1.0f - beta2t) * inv_s2 / (float)n;
   double row_sum = 0.0, wsum = 0.0;
-  for (int64_t i = 0; i < n; ++i) row_sum += row[i];
+  for (int64_t i = 0; i < n; ++i) row_sum += j->row[i];
   const float row_mean = (float)(row_sum / (double)n);
-  for (int64_t j = 0; j < m; ++j) {
-    float cj = beta2t * col[j] + ac * part[j] + b;
-    col[j] = cj;
-    wsum += (double)part[m + j] / cj;
-    part[j] = 1.0f / sqrtf(cj); /* c_j */
+  for (int64_t k = 0; k < m; ++k) {
+    const float ck = beta2t * j->col[k] + ac * sq[k] + b;
+    j->col[k] = ck;
+    wsum += (double)w[k] / ck;
+    cf[k] = 1.0f / sqrtf(ck);
   }
   const double rms_u = sqrt(wsum * row_mean * inv_s2 / ((double)n * (double)m));
   const double rms_x = sqrt(xsq / ((double)n * (double)m));
-  const double step = scale_parameter ? (rms_x > eps2 ? rms_x : eps2) * rho : rho;
-  const double lr = step / (rms_u / clip > 1.0 ? rms_u / clip : 1.0) * inv_scale;
-  const float rs = mom ? (float)((1.0 - beta1) * lr) : (float)(-lr);
-  for (int64_t i = 0; i < n; ++i) rbuf[i] = rs / sqrtf(row[i] / row_mean);
-  out[0] = rms_x;
-  out[1] = step;
-  out[2] = rms_u;
-  adafactor_apply(n, m, x, g, mom, rbuf, part, (float)(wd * step), beta1, threads);
+  const double rho = j->f[4], clip = j->f[5], beta1 = j->f[6];
+  const double step = j->rms ? (rms_x > j->f[3] ? rms_x : j->f[3]) * rho : rho;
+  const double lr = step / (rms_u / clip > 1.0 ? rms_u / clip : 1.0) * j->f[1];
+  const float rs = j->mom ? (float)((1.0 - beta1) * lr) : (float)(-lr);
+  for (int64_t i = 0; i < n; ++i) rf[i] = rs / sqrtf(j->row[i] / row_mean);
+  if (j->rms) *j->rms = (float)rms_x;
+  if (j->out) { j->out[0] = rms_x; j->out[1] = step; j->out[2] = rms_u; }
+  return (float)(j->f[7] * step);
 }
 
-/* The whole step of an fp32 vector (full second moment v, Algorithm 5), two
-   passes, for the many small bias and norm vectors a model has (one call
-   instead of a dozen torch ops). f and out as for adafactor_step. */
-CLONES void adafactor_vector_step(int64_t n, float *x, const float *g, float *mom, float *v, const float *f,
-                                  int scale_parameter, double *out) {
-  const float beta2t = f[0], eps1 = f[2], eps2 = f[3], rho = f[4], clip = f[5], beta1 = f[6], wd = f[7],
-              inv_scale = f[8];
-  double usq = 0.0, xsq = 0.0;
-  for (int64_t j = 0; j < n; ++j) {
-    float gj = g[j] * inv_scale;
-    float vj = beta2t * v[j] + (1.0f - beta2t) * (gj * gj + eps1);
-    v[j] = vj;
-    usq += (double)(gj * gj) / vj;
-    xsq += (double)x[j] * x[j];
-  }
-  const double rms_u = sqrt(usq / (double)n), rms_x = sqrt(xsq / (double)n);
-  const double step = scale_parameter ? (rms_x > eps2 ? rms_x : eps2) * rho : rho;
-  const float lr = (float)(step / (rms_u / clip > 1.0 ? rms_u / clip : 1.0));
-  const float decay = (float)(wd * step);
-  for (int64_t j = 0; j < n; ++j) {
-    float u = g[j] * inv_scale / sqrtf(v[j]) * lr;
-    float xj = x[j] - decay * x[j];
-    if (mom) {
-      mom[j] = beta1 * mom[j] + (1.0f - beta1) * u;
-      x[j] = xj - mom[j];
+/* Pass 2 over rows [lo, hi), last rows first (those pass 1 read last are the
+   likeliest still in cache), in blocks of about 64 KB visited forwards (so
+   the hardware prefetcher still sees long ascending runs when rows are
+   short): reads g, x (and mom), writes x (and mom):
+     x -= decay x;  x += g c r                          (no mom), or
+     mom = beta1 mom + g c r;  x -= decay x;  x -= mom  (r carries (1 - beta1) lr). */
+static CLONES void apply_rows(const job_t *j, int64_t lo, int64_t hi, const float *RESTRICT cf, const float *RESTRICT rf,
+                              float decay) {
+  const int64_t m = j->m;
+  const float beta1 = (float)j->f[6];
+  const int64_t block = m >= 16384 ? 1 : 16384 / m;
+  for (int64_t b_hi = hi; b_hi > lo; b_hi -= block)
+  for (int64_t i = b_hi - block > lo ? b_hi - block : lo; i < b_hi; ++i) {
+    float *RESTRICT xi = j->x + i * m;
+    const float *RESTRICT gi = j->g + i * m;
+    const float ri = rf[i];
+    if (j->mom) {
+      float *RESTRICT mi = j->mom + i * m;
+#pragma omp simd
+      for (int64_t k = 0; k < m; ++k) {
+        mi[k] = beta1 * mi[k] + gi[k] * cf[k] * ri;
+        xi[k] = (xi[k] - decay * xi[k]) - mi[k];
+      }
     } else {
-      x[j] = xj - u;
+#pragma omp simd
+      for (int64_t k = 0; k < m; ++k) xi[k] = (xi[k] - decay * xi[k]) + gi[k] * cf[k] * ri;
     }
   }
-  out[0] = rms_x;
-  out[1] = step;
-  out[2] = rms_u;
+}
+
+/* The whole step of a vector (Algorithm 5, full second moment v), two passes. */
+static CLONES void vector_job(const job_t *j) {
+  const int64_t n = j->n;
+  const float beta2t = (float)j->f[0], inv_scale = (float)j->f[1], eps1 = (float)j->f[2], beta1 = (float)j->f[6];
+  float *RESTRICT x = j->x, *RESTRICT v = j->row, *RESTRICT mom = j->mom;
+  const float *RESTRICT g = j->g;
+  double usq = 0.0, xsq = 0.0;
+  for (int64_t k = 0; k < n; ++k) {
+    const float gk = g[k] * inv_scale;
+    const float vk = beta2t * v[k] + (1.0f - beta2t) * (gk * gk + eps1);
+    v[k] = vk;
+    usq += (double)(gk * gk) / vk;
+    xsq += (double)x[k] * x[k];
+  }
+  const double rms_u = sqrt(usq / (double)n), rms_x = sqrt(xsq / (double)n);
+  const double rho = j->f[4], clip = j->f[5];
+  const double step = j->rms ? (rms_x > j->f[3] ? rms_x : j->f[3]) * rho : rho;
+  const float lr = (float)(step / (rms_u / clip > 1.0 ? rms_u / clip : 1.0));
+  const float decay = (float)(j->f[7] * step);
+  for (int64_t k = 0; k < n; ++k) {
+    const float u = g[k] * inv_scale / sqrtf(v[k]) * lr;
+    const float xk = x[k] - decay * x[k];
+    if (mom) {
+      mom[k] = beta1 * mom[k] + (1.0f - beta1) * u;
+      x[k] = xk - mom[k];
+    } else {
+      x[k] = xk - u;
+    }
+  }
+  if (j->rms) *j->rms = (float)rms_x;
+  if (j->out) { j->out[0] = rms_x; j->out[1] = step; j->out[2] = rms_u; }
+}
+
+/* One factored job by one thread; scratch: 3 m + n floats. */
+static void matrix_job(const job_t *j, float *scratch) {
+  const int64_t m = j->m;
+  float *sq = scratch, *w = sq + m, *cf = w + m, *rf = cf + m;
+  memset(sq, 0, 2 * m * sizeof(float));
+  const double xsq = stats_rows(j, 0, j->n, sq, w);
+  const float decay = factors(j, sq, w, xsq, cf, rf);
+  apply_rows(j, 0, j->n, cf, rf, decay);
+}
+
+static int64_t round16(int64_t k) { return (k + 15) & ~(int64_t)15; }
+
+typedef struct { int64_t size, k; } order_t;
+
+static int larger_first(const void *a, const void *b) {
+  const order_t *x = (const order_t *)a, *y = (const order_t *)b;
+  return x->size != y->size ? (x->size < y->size ? 1 : -1) : (x->k > y->k) - (x->k < y->k);
+}
+
+/* The step of `count` tensors (see job_at), with one fork and join for all.
+   Vectors and matrices under `shared_min` elements go whole to one thread
+   each, largest first, as threads come free; larger matrices are then split
+   by rows over all threads: pass 1 over each thread's rows, a barrier, the
+   factors by one thread from the per-thread partial sums added in thread
+   order (so results do not depend on timing), a barrier, pass 2 over the
+   same rows. Returns 0, or -1 when the scratch memory could not be
+   allocated (then nothing was changed). */
+int adafactor_step_batch(int64_t count, const int64_t *dims, void *const *ptrs, const double *f, double *out,
+                         int64_t shared_min, int threads) {
+  int64_t max_n = 1, max_m = 1, whole = 0, shared = 0;
+  if (threads < 1) threads = 1;
+  order_t *order = (order_t *)malloc((size_t)(count > 0 ? count : 1) * sizeof(order_t));
+  if (!order) return -1;
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t n = dims[2 * k], m = dims[2 * k + 1];
+    if (m == 0 || n * m < shared_min || threads == 1) order[whole++] = (order_t){m ? n * m : n, k};
+    if (m == 0) continue;
+    if (n > max_n) max_n = n;
+    if (m > max_m) max_m = m;
+  }
+  qsort(order, (size_t)whole, sizeof(order_t), larger_first);
+  for (int64_t k = 0; k < count; ++k) /* the rest, in their order */
+    if (!(dims[2 * k + 1] == 0 || dims[2 * k] * dims[2 * k + 1] < shared_min || threads == 1))
+      order[whole + shared++] = (order_t){dims[2 * k] * dims[2 * k + 1], k};
+  /* per thread: 3 m + n floats (a whole job, or 2 m of partial sums); shared: m + n, and a double per thread */
+  const int64_t per_thread = round16(3 * max_m + max_n);
+  float *mem = (float *)malloc((size_t)(threads * per_thread + round16(max_m) + round16(max_n) + 2 * threads + 16) *
+                               sizeof(float));
+  if (!mem) {
+    free(order);
+    return -1;
+  }
+  float *base = (float *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+  float *cf = base + threads * per_thread, *rf = cf + round16(max_m);
+  double *xsqs = (double *)(rf + round16(max_n));
+  float decay = 0.0f;
+#pragma omp parallel num_threads(threads)
+  {
+    int t = 0, nt = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    nt = omp_get_num_threads();
+#endif
+    float *mine = base + t * per_thread;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < whole; ++i) {
+      job_t j = job_at(order[i].k, dims, ptrs, f, out);
+      if (j.m == 0) vector_job(&j);
+      else matrix_job(&j, mine);
+    } /* implicit barrier */
+    for (int64_t i = whole; i < whole + shared; ++i) {
+      job_t j = job_at(order[i].k, dims, ptrs, f, out);
+      if (nt == 1) { /* fewer threads than asked for */
+        matrix_job(&j, mine);
+        continue;
+      }
+      const int64_t lo = j.n * t / nt, hi = j.n * (t + 1) / nt;
+      memset(mine, 0, 2 * j.m * sizeof(float));
+      xsqs[t] = stats_rows(&j, lo, hi, mine, mine + j.m);
+#pragma omp barrier
+#pragma omp single
+      {
+        double xsq = xsqs[0];
+        for (int u = 1; u < nt; ++u) {
+          const float *squ = base + u * per_thread, *wu = squ + j.m;
+          for (int64_t c = 0; c < j.m; ++c) { base[c] += squ[c]; base[j.m + c] += wu[c]; }
+          xsq += xsqs[u];
+        }
+        decay = factors(&j, base, base + j.m, xsq, cf, rf);
+      } /* implicit barrier */
+      apply_rows(&j, lo, hi, cf, rf, decay);
+    }
+  }
+  free(mem);
+  free(order);
+  return 0;
 }
 """
 
 _HEADER = "#include <math.h>\n#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
+
+#: Matrices of at least this many elements (8 MB of fp32) are split by rows
+#: over all threads; smaller ones go whole to one thread each, which needs no
+#: barrier. Pass 2 re-reads what pass 1 read, so a matrix whose p and g (16 MB
+#: here) fit in each thread's share of the last-level cache is best stepped
+#: by one thread, and a larger one by all, each on its own rows.
+SHARED_MIN = 1 << 21
 
 #: Why the kernel could not be built, once :func:`load` has failed.
 unavailable_reason: str | None = None
@@ -232,7 +431,10 @@ def load() -> ctypes.CDLL | None:
         unavailable_reason = "disabled by OPTCORE_ADAFACTOR_KERNEL=0"
         return None
     base = ["-O3", "-shared", "-fPIC"]
-    flag_sets = (base + ["-fopenmp"], base + ["-fopenmp", "-DNO_CLONES"], base + ["-DNO_CLONES"])
+    flag_sets = (  # -fopenmp-simd: the float reductions vectorise even without OpenMP threads
+        base + ["-fopenmp"], base + ["-fopenmp", "-DNO_CLONES"], base + ["-fopenmp-simd", "-DNO_CLONES"],
+        base + ["-DNO_CLONES"],
+    )
     lib, unavailable_reason = build_c_library("adafactor_fp32", _HEADER + SOURCE, flag_sets)
     if lib is not None:
         i64, f, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -240,22 +442,19 @@ def load() -> ctypes.CDLL | None:
         lib.adafactor_stats.restype = None
         lib.adafactor_apply.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, f, f, ctypes.c_int]
         lib.adafactor_apply.restype = None
-        lib.adafactor_step.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int]
-        lib.adafactor_step.restype = None
-        lib.adafactor_vector_step.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int, ptr]
-        lib.adafactor_vector_step.restype = None
+        lib.adafactor_step_batch.argtypes = [i64, ptr, ptr, ptr, ptr, i64, ctypes.c_int]
+        lib.adafactor_step_batch.restype = ctypes.c_int
     return lib
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_F32 = torch.float32
 
 
 def _plain_cpu_fp32(t: Tensor) -> bool:
     """A plain strided fp32 CPU tensor: not a subclass (FakeTensor,
     FunctionalTensor, DTensor, ...), whose pointer would not be real memory."""
-    return (
-        type(t) in (torch.Tensor, torch.nn.Parameter)
-        and t.device.type == "cpu"
-        and t.dtype == torch.float32
-        and t.layout == torch.strided
-    )
+    return type(t) in _PLAIN and t.is_cpu and t.dtype is _F32 and t.layout is torch.strided
 
 
 def eligible(*tensors: Tensor | None) -> bool:
@@ -274,37 +473,205 @@ def _threads(n: int) -> int:
     return max(1, min(torch.get_num_threads(), n))
 
 
-def _require(name: str, t: Tensor | None, shape: tuple[int, ...]) -> int:
-    """Check ``t`` before its pointer goes to C, and return that pointer.
-
-    The loops trust the sizes they are given, so everything they touch is
-    checked here: a plain fp32 CPU tensor, contiguous, of exactly ``shape``,
-    with a storage that holds all of it. A mismatch raises instead of letting
-    the loops read or write out of bounds."""
+def _problem(name: str, t: Tensor | None, shape: Sequence[int]) -> str:
+    """What is wrong with ``t`` for the loops, as an error message."""
     if t is None:
-        raise ValueError(f"Adafactor C kernel: {name} is missing.")
+        return f"Adafactor C kernel: {name} is missing."
+    problem = pointer_problem(t, _F32)
+    if problem is None and tuple(t.shape) != tuple(shape):
+        problem = f"has shape {tuple(t.shape)}, expected {tuple(shape)}"
+    if problem is None and t.numel() == 0:
+        problem = "is empty"
+    if problem is None:
+        problem = "cannot be handed to the C loops"
+    return f"Adafactor C kernel: {name} {problem}."
+
+
+def _pointer(name: str, t: Tensor | None, shape: Sequence[int]) -> int | None:
+    """``t``'s data pointer if the loops may use it as ``shape`` fp32 elements;
+    ``None`` if it is not a plain, contiguous, non-empty fp32 CPU tensor of that
+    shape (the torch ops take it instead). Raises if it is one, but its storage
+    does not hold it (freed, as FSDP does with ``resize_(0)``): no path may
+    read it then.
+
+    This is :func:`optcore.kernels.pointer_problem` plus the shape, in its
+    cheapest form (under 1 us; the helper takes about 4, which on the bench's
+    10M parameters would be a tenth of the step): the helper still writes
+    every message, and a test checks that whatever it refuses is refused here."""
+    if (
+        type(t) in _PLAIN and t.is_cpu and t.dtype is _F32 and t.shape == shape and t.is_contiguous()
+        and not t.is_neg()
+    ):
+        numel = t.numel()
+        if not numel:
+            return None
+        ptr = t.data_ptr()
+        if ptr and t.untyped_storage().nbytes() >= (t.storage_offset() + numel) * 4:
+            return ptr
+        raise ValueError(
+            f"{_problem(name, t, shape)[:-1]} (freed, e.g. by FSDP's resize_(0)): nothing was stepped. "
+            "Step the optimizer while its tensors hold their memory."
+        )
+    return None
+
+
+def _require(name: str, t: Tensor | None, shape: Sequence[int]) -> int:
+    """:func:`_pointer` for a tensor that must go to C: raises what is wrong instead of ``None``."""
     if torch.compiler.is_compiling():
         raise RuntimeError(
             "Adafactor C kernel called under torch.compile: it runs on real memory only (eager). "
             "This is a bug in optcore-adafactor's dispatch; set implementation='torch' to work around it."
         )
-    if not _plain_cpu_fp32(t):
-        raise ValueError(
-            f"Adafactor C kernel: {name} must be a plain float32 CPU tensor, got "
-            f"{type(t).__name__} of dtype {t.dtype} on {t.device}."
+    ptr = _pointer(name, t, shape)
+    if ptr is None:
+        raise ValueError(_problem(name, t, shape))
+    return ptr
+
+
+class Batch:
+    """The C jobs of one optimizer step, run together by :meth:`run` (one
+    call of ``adafactor_step_batch``: see the job layout in SOURCE).
+
+    :meth:`add` checks every tensor of a parameter (:func:`_pointer`) and
+    only then records its pointers, so a refused parameter leaves nothing
+    behind; nothing is written before :meth:`run`.
+    """
+
+    __slots__ = ("_lib", "dims", "ptrs", "scalars")
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        self.dims: list[int] = []
+        self.ptrs: list[int] = []  # 0 for an absent tensor
+        self.scalars: list[float] = []
+
+    @classmethod
+    def new(cls) -> Batch | None:
+        """An empty batch, or ``None`` where the loops cannot run (not built,
+        or torch.compile is tracing)."""
+        if torch.compiler.is_compiling():
+            return None
+        lib = load()
+        return None if lib is None else cls(lib)
+
+    def __len__(self) -> int:
+        return len(self.dims) // 2
+
+    def add(
+        self, param: Tensor, grad: Tensor, exp_avg: Tensor | None, stats: Sequence[Tensor], rms: Tensor | None,
+        scalars: tuple[float, float, float, float, float, float, float, float], *, strict: bool = False,
+    ) -> bool:
+        """Add the step of one parameter: a matrix (``stats`` = row, col
+        statistics) or a vector or scalar (``stats`` = the full second moment).
+        ``rms`` (the 0-dim state, or ``None`` without scale_parameter) receives
+        RMS(X). ``scalars``: beta2t, inv_scale, eps1, eps2, rho, clip_threshold,
+        beta1, weight_decay. Returns whether it was added; a tensor the loops
+        cannot take makes it ``False`` (with ``strict``: a ``ValueError`` saying why)."""
+        shape = param.shape
+        check = _require if strict else _pointer
+        if len(shape) == 2 and len(stats) == 2:
+            n, m = shape
+            x = check("param", param, shape)
+            ptrs = (
+                x, check("grad", grad, shape),
+                None if exp_avg is None else check("exp_avg", exp_avg, shape),
+                check("exp_avg_sq_row", stats[0], (n,)), check("exp_avg_sq_col", stats[1], (m,)),
+                None if rms is None else check("RMS", rms, ()),
+            )
+            dims = (n, m)
+        elif len(shape) <= 1 and len(stats) == 1:
+            x = check("param", param, shape)
+            ptrs = (
+                x, check("grad", grad, shape),
+                None if exp_avg is None else check("exp_avg", exp_avg, shape),
+                check("exp_avg_sq", stats[0], shape), None,
+                None if rms is None else check("RMS", rms, ()),
+            )
+            dims = (param.numel(), 0)
+        elif strict:
+            raise ValueError(f"Adafactor C kernel: param of shape {tuple(shape)} is neither a matrix nor a vector.")
+        else:
+            return False
+        mom, rms_ptr = ptrs[2], ptrs[5]
+        if None in ptrs[:2] or None in ptrs[3 : 3 + len(stats)] or (exp_avg is None) != (mom is None) or (
+            (rms is None) != (rms_ptr is None)
+        ):
+            return False
+        self.dims.extend(dims)
+        self.ptrs.extend((ptrs[0], ptrs[1], mom or 0, ptrs[3], ptrs[4] or 0, rms_ptr or 0))
+        self.scalars.extend(scalars)
+        return True
+
+    def run(self, out: ctypes.Array | None = None) -> None:
+        """Step every job added (nothing if none); ``out`` receives three
+        doubles per job (RMS(X) before the step, step size, RMS(U))."""
+        count = len(self)
+        if not count:
+            return
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                "Adafactor C kernel called under torch.compile: it runs on real memory only (eager). "
+                "This is a bug in optcore-adafactor's dispatch; set implementation='torch' to work around it."
+            )
+        # array() copies a list in C: a ctypes array built from the same list costs ~10 us per job
+        dims, ptrs, scalars = array("q", self.dims), array("Q", self.ptrs), array("d", self.scalars)
+        if out is not None and len(out) < 3 * count:
+            raise ValueError(f"Adafactor C kernel: out holds {len(out)} doubles, {3 * count} needed.")
+        status = self._lib.adafactor_step_batch(
+            count, dims.buffer_info()[0], ptrs.buffer_info()[0], scalars.buffer_info()[0], out, SHARED_MIN,
+            torch.get_num_threads(),
         )
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"Adafactor C kernel: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}.")
-    if not t.is_contiguous():
-        raise ValueError(f"Adafactor C kernel: {name} must be contiguous (strides {t.stride()}).")
-    needed = (t.storage_offset() + t.numel()) * t.element_size()
-    storage = t.untyped_storage()
-    if t.numel() and (t.data_ptr() == 0 or storage.nbytes() < needed):
-        raise ValueError(
-            f"Adafactor C kernel: {name} has no memory behind it ({storage.nbytes()} bytes of storage "
-            f"for {needed} needed)."
-        )
-    return t.data_ptr()
+        if status != 0:
+            raise MemoryError("Adafactor C kernel: could not allocate its scratch memory; nothing was stepped.")
+
+
+def _scalars(beta2t: float, inv_scale: float, eps1: float, eps2: float, rho: float, clip_threshold: float,
+             beta1: float, weight_decay: float) -> tuple[float, ...]:
+    return (beta2t, inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay)
+
+
+def _one(
+    param: Tensor, grad: Tensor, exp_avg: Tensor | None, stats: Sequence[Tensor], *, scale_parameter: bool,
+    **hparams: float,
+) -> tuple[float, float]:
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
+    batch = Batch(lib)
+    rms = torch.zeros((), dtype=torch.float32) if scale_parameter else None
+    batch.add(param, grad, exp_avg, stats, rms, _scalars(**hparams), strict=True)
+    out = (ctypes.c_double * 3)()
+    batch.run(out)
+    return out[0], out[1]
+
+
+def step_(
+    param: Tensor, grad: Tensor, exp_avg: Tensor | None, row: Tensor, col: Tensor, *, beta2t: float, inv_scale: float,
+    eps1: float, eps2: float, rho: float, clip_threshold: float, beta1: float, weight_decay: float,
+    scale_parameter: bool,
+) -> tuple[float, float]:
+    """One whole factored step of an fp32 CPU matrix (a batch of one): updates
+    param, exp_avg, row and col in place and returns ``(RMS(X) before the
+    step, step size)``."""
+    if param.dim() != 2:
+        raise ValueError(f"Adafactor C kernel: param must be a matrix, got shape {tuple(param.shape)}.")
+    return _one(param, grad, exp_avg, (row, col), scale_parameter=scale_parameter, beta2t=beta2t,
+                inv_scale=inv_scale, eps1=eps1, eps2=eps2, rho=rho, clip_threshold=clip_threshold, beta1=beta1,
+                weight_decay=weight_decay)
+
+
+def vector_step_(
+    param: Tensor, grad: Tensor, exp_avg: Tensor | None, exp_avg_sq: Tensor, *, beta2t: float, inv_scale: float,
+    eps1: float, eps2: float, rho: float, clip_threshold: float, beta1: float, weight_decay: float,
+    scale_parameter: bool,
+) -> tuple[float, float]:
+    """One whole step of an fp32 CPU vector (a batch of one); returns
+    ``(RMS(X) before the step, step size)``."""
+    if param.dim() > 1:
+        raise ValueError(f"Adafactor C kernel: param must be a vector, got shape {tuple(param.shape)}.")
+    return _one(param, grad, exp_avg, (exp_avg_sq,), scale_parameter=scale_parameter, beta2t=beta2t,
+                inv_scale=inv_scale, eps1=eps1, eps2=eps2, rho=rho, clip_threshold=clip_threshold, beta1=beta1,
+                weight_decay=weight_decay)
 
 
 def stats_(grad: Tensor, row: Tensor, *, beta: float, a: float, b: float) -> tuple[Tensor, Tensor]:
@@ -339,77 +706,3 @@ def apply_(param: Tensor, grad: Tensor, exp_avg: Tensor | None, r: Tensor, c: Te
     mom_ptr = _require("exp_avg", exp_avg, (n, m)) if exp_avg is not None else None
     r_ptr, c_ptr = _require("row factor", r, (n,)), _require("column factor", c, (m,))
     lib.adafactor_apply(n, m, x_ptr, g_ptr, mom_ptr, r_ptr, c_ptr, decay, beta1, _threads(n))
-
-
-def _scalars(beta2t: float, inv_scale: float, eps1: float, eps2: float, rho: float, clip_threshold: float,
-             beta1: float, weight_decay: float) -> Tensor:
-    """The numbers both whole-step kernels read (``f`` in SOURCE)."""
-    return torch.tensor(
-        [beta2t, inv_scale * inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay, inv_scale], dtype=torch.float32
-    )
-
-
-def vector_eligible(*tensors: Tensor | None) -> bool:
-    """Whether :func:`vector_step_` takes these (fp32 contiguous CPU vectors or scalars)."""
-    if torch.compiler.is_compiling():
-        return False
-    return all(t is None or (_plain_cpu_fp32(t) and t.dim() <= 1 and t.is_contiguous()) for t in tensors) and (
-        load() is not None
-    )
-
-
-def vector_step_(
-    param: Tensor, grad: Tensor, exp_avg: Tensor | None, exp_avg_sq: Tensor, *, beta2t: float, inv_scale: float,
-    eps1: float, eps2: float, rho: float, clip_threshold: float, beta1: float, weight_decay: float,
-    scale_parameter: bool,
-) -> tuple[float, float]:
-    """One whole step of an fp32 CPU vector (``adafactor_vector_step``); returns
-    ``(RMS(X) before the step, step size)``."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
-    shape = tuple(param.shape)
-    if len(shape) > 1:
-        raise ValueError(f"Adafactor C kernel: param must be a vector, got shape {shape}.")
-    scalars = _scalars(beta2t, inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay)
-    out = torch.empty(3, dtype=torch.float64)
-    ptrs = [
-        _require("param", param, shape), _require("grad", grad, shape),
-        _require("exp_avg", exp_avg, shape) if exp_avg is not None else None,
-        _require("exp_avg_sq", exp_avg_sq, shape), _require("scalars", scalars, (9,)),
-    ]
-    lib.adafactor_vector_step(param.numel(), *ptrs, int(scale_parameter), out.data_ptr())
-    rms_x, step_size, _ = out.tolist()
-    return rms_x, step_size
-
-
-def step_(
-    param: Tensor, grad: Tensor, exp_avg: Tensor | None, row: Tensor, col: Tensor, *, beta2t: float, inv_scale: float,
-    eps1: float, eps2: float, rho: float, clip_threshold: float, beta1: float, weight_decay: float,
-    scale_parameter: bool,
-) -> tuple[float, float]:
-    """One whole factored step of an fp32 CPU matrix (see ``adafactor_step``):
-    updates param, exp_avg, row and col in place and returns ``(RMS(X) before
-    the step, step size)``. One call per matrix: no torch op in between."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
-    if param.dim() != 2:
-        raise ValueError(f"Adafactor C kernel: param must be a matrix, got shape {tuple(param.shape)}.")
-    n, m = param.shape
-    threads = _threads(n)
-    # float32 whatever torch's default dtype is: the kernel reads these as float
-    part, rbuf = torch.empty(threads, 2, m, dtype=torch.float32), torch.empty(n, dtype=torch.float32)
-    scalars = _scalars(beta2t, inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay)
-    out = torch.empty(3, dtype=torch.float64)
-    ptrs = [
-        _require("param", param, (n, m)), _require("grad", grad, (n, m)),
-        _require("exp_avg", exp_avg, (n, m)) if exp_avg is not None else None,
-        _require("exp_avg_sq_row", row, (n,)), _require("exp_avg_sq_col", col, (m,)),
-        _require("part", part, (threads, 2, m)), _require("rbuf", rbuf, (n,)), _require("scalars", scalars, (9,)),
-    ]
-    if out.device.type != "cpu" or not out.is_contiguous():  # our own buffer; checked like the rest
-        raise ValueError("Adafactor C kernel: bad output buffer.")
-    lib.adafactor_step(n, m, *ptrs, int(scale_parameter), out.data_ptr(), threads)
-    rms_x, step_size, _ = out.tolist()
-    return rms_x, step_size

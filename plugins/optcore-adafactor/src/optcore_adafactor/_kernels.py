@@ -34,10 +34,11 @@ A gradient that arrives multiplied by a loss scale s is handled by folding
 gradients is spent on unscaling.
 
 Where a C compiler is found, fp32 CPU matrices and vectors take
-:mod:`._cpu_kernel` instead (the whole step in one C call: the same two
-passes as plain loops, G read once in each; 20 bytes per parameter). Parameters of more than two dims (conv kernels) and strided
-views take the same formulas as whole-tensor ops; vectors keep the full second
-moment.
+:mod:`._cpu_kernel` instead (the whole step of all of them in one C call
+per optimizer step: the same two passes as plain loops, G read once in each;
+20 bytes per parameter). Parameters of more than two dims (conv kernels) and
+strided views take the same formulas as whole-tensor ops; vectors keep the
+full second moment.
 """
 
 from __future__ import annotations

@@ -57,6 +57,13 @@ def _rms(x: Tensor) -> float:
     return math.sqrt(float(torch.dot(flat, flat)) / x.numel())
 
 
+def _placed(value: Tensor, p: Tensor, dtype: torch.dtype) -> bool:
+    """Whether state ``value`` already has ``dtype`` and ``p``'s device (checked
+    before ``.to()``, which costs microseconds per tensor even when it returns
+    ``value`` itself)."""
+    return value.dtype == dtype and ((value.is_cpu and p.is_cpu) or value.device == p.device)
+
+
 class Adafactor(Optimizer):
     """Adafactor with fairseq / Hugging Face semantics and sublinear memory.
 
@@ -240,12 +247,22 @@ class Adafactor(Optimizer):
         if not (math.isfinite(scale) and scale > 0):
             raise ConfigError(f"step(scale={scale}) must be a finite positive number (the loss scale).")
         work = [(g, p) for g in self._select_groups(groups) for p in g["params"] if p.grad is not None]
-        for group, p in work:  # check everything first: an error leaves nothing half-updated
-            self._check(group, p)
-        for group, p in work:
-            self._init_state(group, p)
+        shapes = [self._check(group, p) for group, p in work]  # first: an error leaves nothing half-updated
+        for (group, p), state_shapes in zip(work, shapes):
+            self._init_state(group, p, state_shapes)
         traced = torch.compiler.is_compiling()  # C loops and host reads cannot be traced
-        for group, p in work:
+        batch = None if traced else _cpu_kernel.Batch.new()
+        rest, batched = [], []
+        for group, p in work:  # fp32 CPU matrices and vectors: all in one C call
+            if batch is not None and group["implementation"] in ("auto", "c") and self._add_job(batch, group, p, scale):
+                batched.append(self.state[p])
+            else:
+                rest.append((group, p))
+        if batch is not None:
+            batch.run()  # raises before writing anything if it cannot run
+        for state in batched:
+            state["step"] += 1
+        for group, p in rest:
             if traced or group["implementation"] == "compiled":
                 self._update_traceable(group, p, 1.0 / scale, compiled=not traced)
             else:
@@ -273,9 +290,11 @@ class Adafactor(Optimizer):
             return repr(names[index])
         return f"#{index} of param group {group.get('name', '')!r}".replace(" ''", "")
 
-    def _check(self, group: dict[str, Any], p: Tensor) -> None:
-        """Reject what Adafactor cannot step, saying what to do instead."""
-        if p.grad.is_sparse:
+    def _check(self, group: dict[str, Any], p: Tensor) -> dict[str, torch.Size]:
+        """Reject what Adafactor cannot step, saying what to do instead; returns
+        the shapes of its state (:meth:`_state_shapes`)."""
+        grad = p.grad
+        if grad.is_sparse:
             raise RuntimeError(
                 "Adafactor does not support sparse gradients; use torch.optim.SparseAdam for "
                 "sparse embeddings (e.g. in its own param group), or dense gradients."
@@ -285,13 +304,14 @@ class Adafactor(Optimizer):
                 f"Adafactor needs real floating-point parameters, got {p.dtype} of shape "
                 f"{tuple(p.shape)}; view a complex parameter as real (torch.view_as_real) first."
             )
-        if p.grad.shape != p.shape:
+        if grad.shape != p.shape:
             raise RuntimeError(
                 f"Adafactor: the gradient of parameter {self._param_name(group, p)} has shape "
-                f"{tuple(p.grad.shape)}, the parameter {tuple(p.shape)}."
+                f"{tuple(grad.shape)}, the parameter {tuple(p.shape)}."
             )
-        state = self.state.get(p, {})
-        for key, shape in self._state_shapes(group, p).items():
+        shapes = self._state_shapes(group, p)
+        state = self.state.get(p)
+        for key, shape in shapes.items() if state else ():
             value = state.get(key)
             if value is not None and (not isinstance(value, Tensor) or value.shape != shape):
                 found = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
@@ -301,20 +321,28 @@ class Adafactor(Optimizer):
                     "loaded state_dict belongs to another model or parameter order. Load the "
                     "checkpoint into the model it was saved from, or start this optimizer fresh."
                 )
+        return shapes
 
-    def _init_state(self, group: dict[str, Any], p: Tensor) -> None:
+    def _init_state(self, group: dict[str, Any], p: Tensor, shapes: dict[str, torch.Size]) -> None:
         """Create missing state (zeros, fp32 for fp16/bf16 params) and move
         loaded state to the parameter's device. ``RMS`` becomes a 0-dim tensor
         (Hugging Face starts it as the int 0)."""
         state = self.state[p]
-        state.setdefault("step", 0)
-        if isinstance(state["step"], Tensor) and not torch.compiler.is_compiling():
-            state["step"] = int(state["step"].item())  # left by a traced step: eager steps count in Python
-        like = dict(device=p.device, dtype=torch.float32 if p.dtype in _LOW_PRECISION else p.dtype)
-        for key, shape in self._state_shapes(group, p).items():
-            state[key] = state[key].to(**like) if key in state else torch.zeros(shape, **like)
+        step = state.setdefault("step", 0)
+        if isinstance(step, Tensor) and not torch.compiler.is_compiling():
+            state["step"] = int(step.item())  # left by a traced step: eager steps count in Python
+        dtype = torch.float32 if p.dtype in _LOW_PRECISION else p.dtype
+        for key, shape in shapes.items():
+            value = state.get(key)
+            if value is None:
+                state[key] = torch.zeros(shape, device=p.device, dtype=dtype)
+            elif not _placed(value, p, dtype):
+                state[key] = value.to(device=p.device, dtype=dtype)
         rms = state.get("RMS")
-        state["RMS"] = rms.to(**like) if isinstance(rms, Tensor) else torch.tensor(float(rms or 0.0), **like)
+        if not isinstance(rms, Tensor):
+            state["RMS"] = torch.tensor(float(rms or 0.0), device=p.device, dtype=dtype)
+        elif not _placed(rms, p, dtype):
+            state["RMS"] = rms.to(device=p.device, dtype=dtype)
 
     def _rho(self, group: dict[str, Any], t: int) -> float | Tensor:
         """rho_t: the relative step size (times the core's layer-wise lr_scale),
@@ -334,14 +362,6 @@ class Adafactor(Optimizer):
         beta1 = group["beta1"]
         exp_avg = state["exp_avg"] if beta1 is not None else None
         use_c = group["implementation"] != "torch"
-        if use_c and p.dim() == 2 and _cpu_kernel.eligible(
-            p, p.grad, exp_avg, state["exp_avg_sq_row"][None], state["exp_avg_sq_col"][None]
-        ):
-            self._update_c(_cpu_kernel.step_, group, p, state, beta2t, t, inv_scale, ("exp_avg_sq_row", "exp_avg_sq_col"))
-            return
-        if use_c and p.dim() <= 1 and _cpu_kernel.vector_eligible(p, p.grad, exp_avg, state["exp_avg_sq"]):
-            self._update_c(_cpu_kernel.vector_step_, group, p, state, beta2t, t, inv_scale, ("exp_avg_sq",))
-            return
         # Second moment, and the direction U = G / sqrt(V) with its RMS.
         if p.dim() >= 2:
             r, c, rms_u = factored_second_moment_(
@@ -366,21 +386,26 @@ class Adafactor(Optimizer):
         else:
             apply_full_(p, u, exp_avg, lr=lr, beta1=beta1, decay=decay)
 
-    def _update_c(
-        self, kernel: Callable[..., tuple[float, float]], group: dict[str, Any], p: Tensor, state: dict[str, Any],
-        beta2t: float, t: int, inv_scale: float, stats: tuple[str, ...],
-    ) -> None:
-        """The same step of an fp32 CPU matrix or vector as one C call (two
-        passes over memory, no torch op in between)."""
-        rms_x, _ = kernel(
-            p, p.grad, state.get("exp_avg") if group["beta1"] is not None else None,
-            *(state[k] for k in stats), beta2t=beta2t, inv_scale=inv_scale,
-            eps1=group["eps"][0], eps2=group["eps"][1], rho=float(self._rho(group, t)),
-            clip_threshold=group["clip_threshold"], beta1=group["beta1"] or 0.0,
-            weight_decay=group["weight_decay"], scale_parameter=group["scale_parameter"],
+    def _add_job(self, batch: _cpu_kernel.Batch, group: dict[str, Any], p: Tensor, scale: float) -> bool:
+        """Add the same step of ``p`` to the C batch (Algorithm 4 or 5 in two
+        passes over memory, no torch op in between), if the loops take it: an
+        fp32 contiguous CPU matrix or vector, and its state likewise."""
+        state = self.state[p]
+        if p.dim() == 2:
+            stats = (state["exp_avg_sq_row"], state["exp_avg_sq_col"])
+        elif p.dim() <= 1:
+            stats = (state["exp_avg_sq"],)
+        else:
+            return False
+        t = state["step"] + 1
+        beta1 = group["beta1"]
+        eps1, eps2 = group["eps"]
+        scalars = (
+            1.0 - math.pow(t, group["decay_rate"]), 1.0 / scale, eps1, eps2, float(self._rho(group, t)),
+            group["clip_threshold"], beta1 or 0.0, group["weight_decay"],
         )
-        if group["scale_parameter"]:
-            state["RMS"].fill_(rms_x)
+        exp_avg = state["exp_avg"] if beta1 is not None else None
+        return batch.add(p, p.grad, exp_avg, stats, state["RMS"] if group["scale_parameter"] else None, scalars)
 
     def _update_traceable(self, group: dict[str, Any], p: Tensor, inv_scale: float, *, compiled: bool) -> None:
         """The same step as whole-tensor torch ops with no host reads: traced

@@ -1,0 +1,174 @@
+"""The batched C step (one call per optimizer step): the same numbers as the
+torch ops per tensor, whatever mix of shapes, dtypes and groups it is handed,
+and no pointer reaches C unless its tensor holds the memory the loops touch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optcore.kernels import pointer_problem
+from optcore_adafactor import Adafactor, _cpu_kernel
+
+#: fp32 matrices (tall, wide, rows not a multiple of the 4-row blocks), vectors
+#: and a scalar go to the batch; bf16, a conv kernel and a transposed weight do not
+BATCHED = [(40, 24), (7, 300), (301, 5), (24,), (1,), ()]
+OTHERS = [((30, 20), torch.bfloat16), ((4, 3, 5, 6), torch.float32)]
+
+
+@pytest.fixture(autouse=True)
+def needs_kernel() -> None:
+    if _cpu_kernel.load() is None:
+        pytest.skip(f"C kernel unavailable: {_cpu_kernel.unavailable_reason}")
+
+
+def _params(seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.randn(s, generator=gen) for s in BATCHED]
+    params += [torch.randn(s, generator=gen).to(dtype) for s, dtype in OTHERS]
+    params.append(torch.randn(20, 30, generator=gen).t())  # non-contiguous fp32
+    return [p.requires_grad_() for p in params]
+
+
+def _groups(params: list[torch.Tensor], implementation: str) -> list[dict]:
+    """Three groups with different modes, each holding batched and other tensors."""
+    return [
+        {"params": params[0::3], "beta1": 0.9, "weight_decay": 0.01},
+        {"params": params[1::3], "scale_parameter": False, "warmup_init": True},
+        {"params": params[2::3], "lr": 1e-2, "relative_step": False, "clip_threshold": 0.5, "decay_rate": -0.5},
+    ], {"implementation": implementation}
+
+
+def _run(implementation: str, steps: int = 12, scale: float = 1.0) -> tuple[list[torch.Tensor], Adafactor]:
+    params = _params()
+    groups, kw = _groups(params, implementation)
+    opt = Adafactor(groups, **kw)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        for i, p in enumerate(params):
+            g = torch.randn(p.shape, generator=gen) * (3.0 if i % 2 else 0.05) * scale
+            if g.dim() >= 2 and step % 5 == 0:
+                g[..., 0, :] = 0  # an all-zero row now and then
+            p.grad = g.to(p.dtype)
+        opt.step(scale=scale)
+    return params, opt
+
+
+def _assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float) -> None:
+    scale = b.detach().float().abs().max().clamp(min=1e-12)
+    err = float((a.detach().float() - b.detach().float()).abs().max() / scale)
+    assert err <= rtol, f"shape {tuple(a.shape)}: difference {err:.3g} of the tensor's scale > {rtol}"
+
+
+@pytest.mark.parametrize("shared_min", [1 << 62, 0], ids=["whole tensors per thread", "rows split over threads"])
+@pytest.mark.parametrize("scale", [1.0, 1024.0])
+def test_batched_step_equals_the_torch_ops_per_tensor(monkeypatch: pytest.MonkeyPatch, shared_min: int, scale: float) -> None:
+    monkeypatch.setattr(_cpu_kernel, "SHARED_MIN", shared_min)
+    jobs: list[int] = []
+    run = _cpu_kernel.Batch.run
+    monkeypatch.setattr(_cpu_kernel.Batch, "run", lambda self, out=None: (jobs.append(len(self)), run(self, out)))
+    fast, fast_opt = _run("auto", scale=scale)
+    assert jobs == [len(BATCHED)] * 12  # one C call per step, for the fp32 matrices and vectors only
+    slow, slow_opt = _run("torch", scale=scale)
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        _assert_close(a, b, 1e-6)
+        sa, sb = fast_opt.state[a], slow_opt.state[b]
+        assert sa.keys() == sb.keys() and sa["step"] == sb["step"] == 12
+        for key in sa:
+            if isinstance(sa[key], torch.Tensor):
+                _assert_close(sa[key], sb[key], 1e-5)
+
+
+def test_batched_results_do_not_depend_on_thread_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_cpu_kernel, "SHARED_MIN", 0)
+    first, _ = _run("c", steps=5)
+    again, _ = _run("c", steps=5)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_state_loaded_as_other_dtype_is_converted_not_handed_to_c() -> None:
+    """State that arrives as float64 (a checkpoint) is cast once by the state
+    set-up, so the batch still takes the parameter, and the numbers agree."""
+    w = torch.randn(16, 8, requires_grad=True)
+    w.grad = torch.randn(16, 8)
+    opt = Adafactor([w])
+    opt.state[w].update(step=2, exp_avg_sq_row=torch.full((16,), 0.5, dtype=torch.float64),
+                        exp_avg_sq_col=torch.full((8,), 0.5, dtype=torch.float64), RMS=1.0)
+    opt.step()
+    assert all(v.dtype == torch.float32 for v in opt.state[w].values() if isinstance(v, torch.Tensor))
+    assert opt.state[w]["step"] == 3
+
+
+@pytest.mark.parametrize("which", ["param", "grad", "exp_avg_sq_row", "exp_avg_sq"])
+def test_freed_storage_is_refused_before_anything_is_stepped(which: str) -> None:
+    """A tensor whose storage was freed (FSDP does resize_(0)) keeps its shape
+    but has no memory: the step raises before any parameter, C or torch, moves."""
+    matrix, vector = torch.randn(64, 32, requires_grad=True), torch.randn(32, requires_grad=True)
+    other = torch.randn(8, 8, dtype=torch.bfloat16, requires_grad=True)  # a torch-path parameter
+    opt = Adafactor([matrix, vector, other])
+    for p in (matrix, vector, other):
+        p.grad = torch.randn_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in (vector, other)]
+    row_before = opt.state[matrix]["exp_avg_sq_row"].clone()
+    freed = {
+        "param": matrix, "grad": matrix.grad, "exp_avg_sq_row": opt.state[matrix]["exp_avg_sq_row"],
+        "exp_avg_sq": opt.state[vector]["exp_avg_sq"],
+    }[which]
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(ValueError, match=r"has no allocated storage of its size \(freed"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, (vector, other)))
+    assert all(opt.state[p]["step"] == 1 for p in (matrix, vector, other))
+    if which != "exp_avg_sq_row":
+        assert torch.equal(opt.state[matrix]["exp_avg_sq_row"], row_before)
+
+
+def _candidates() -> list[torch.Tensor]:
+    """Tensors of shape (4, 6) (or views reporting it) that C may or may not take."""
+    base = torch.randn(4, 6)
+    freed = torch.randn(4, 6)
+    freed.untyped_storage().resize_(0)
+    short = torch.randn(30)
+    view = short[6:30].view(4, 6)
+    short.untyped_storage().resize_(60)  # 15 floats left, the view needs 30
+
+    class Sub(torch.Tensor):
+        pass
+
+    return [
+        base, base.clone().requires_grad_(), torch.nn.Parameter(base.clone()), base.double(), base.half(),
+        torch.randn(6, 4).t(), torch.randn(4, 12)[:, ::2], torch._neg_view(base), base.as_subclass(Sub),
+        torch.empty(4, 6, device="meta"), freed, view, torch.randn(8, 6)[4:],
+    ]
+
+
+def test_pointer_check_refuses_whatever_the_core_helper_refuses() -> None:
+    """_pointer is the cheap form of optcore.kernels.pointer_problem (plus the
+    shape): it hands over a pointer only where the helper sees no problem."""
+    for t in _candidates():
+        problem = pointer_problem(t, torch.float32)
+        try:
+            ptr = _cpu_kernel._pointer("t", t, (4, 6))
+        except ValueError as exc:
+            assert problem is not None and problem in str(exc)
+            continue
+        if problem is not None:
+            assert ptr is None, f"{problem}: yet a pointer was handed over"
+        else:
+            assert ptr == t.data_ptr()
+    assert _cpu_kernel._pointer("t", torch.randn(4, 6), (6, 4)) is None  # the shape is part of the check
+    assert _cpu_kernel._pointer("t", torch.randn(0, 6), (0, 6)) is None  # nothing to step
+
+
+def test_batch_refuses_mismatched_state_strictly_and_falls_back_otherwise() -> None:
+    w, g = torch.randn(8, 4), torch.randn(8, 4)
+    row, col = torch.zeros(8), torch.zeros(4, dtype=torch.float64)
+    scalars = (0.5, 1.0, 1e-30, 1e-3, 1e-2, 1.0, 0.0, 0.0)
+    batch = _cpu_kernel.Batch.new()
+    assert batch is not None
+    assert batch.add(w, g, None, (row, col), None, scalars) is False and len(batch) == 0
+    with pytest.raises(ValueError, match=r"exp_avg_sq_col is torch.float64, not torch.float32"):
+        batch.add(w, g, None, (row, col), None, scalars, strict=True)
+    assert batch.add(w, g, None, (row, col.float()), None, scalars) is True and len(batch) == 1
