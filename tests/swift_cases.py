@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser  # noqa: 
 from transformers import Trainer as HfTrainer  # noqa: E402
 
 import optcore  # noqa: E402
+from optcore._registry import ShadowedNameWarning  # noqa: E402
 from optcore.integrations import swift as optcore_swift  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,13 +103,22 @@ def test_register_puts_optcore_in_swifts_optimizers_map():
     assert optcore_swift.register() is optimizers_map["optcore"]  # again: unchanged
 
 
-def test_optimizer_optcore_with_optim_args_trains_lion(tmp_path):
+@pytest.mark.parametrize("name", ["Lion", "optcore-lion:Lion"])
+def test_optimizer_optcore_with_optim_args_trains_lion(tmp_path, name):
+    # The bare name resolves inside swift as everywhere else in optcore: where lion-pytorch is
+    # installed too (the test extras) it comes first and a ShadowedNameWarning names the plugin;
+    # the qualified name picks the plugin.
     pytest.importorskip("optcore_lion")
-    trainer = train(
-        tmp_path, "--optimizer", "optcore", "--optim_args", "type=Lion,lr=3e-4,betas=(0.9, 0.99),weight_decay=0.1"
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShadowedNameWarning)
+        expected = optcore.resolve(name).qualified
+        trainer = train(
+            tmp_path, "--optimizer", "optcore", "--optim_args", f"type={name},lr=3e-4,betas=(0.9, 0.99),weight_decay=0.1"
+        )
     inner = optcore.unwrap(trainer.optimizer)
-    assert type(inner).__module__.startswith("optcore_lion")
+    assert inner.optcore_spec.qualified == expected
+    if name == "optcore-lion:Lion":
+        assert type(inner).__module__.startswith("optcore_lion")
     assert inner.optimizer_config["betas"] == (0.9, 0.99)
     assert {g["weight_decay"] for g in inner.param_groups} == {0.0, 0.1}  # optcore's no-decay group
     assert inner.param_groups[0]["initial_lr"] == pytest.approx(3e-4)  # swift's schedule on the config's lr
