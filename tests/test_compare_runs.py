@@ -36,16 +36,17 @@ def test_results_are_written_atomically(tmp_path):
     assert json.loads(path.read_text())["results"] == [1, 2] and not (tmp_path / "results.json.tmp").exists()
 
 
-def test_ctrl_c_keeps_the_finished_runs(tmp_path):
+def _ctrl_c_after_a_finished_run(tmp_path: Path, args: list[str], **popen: object) -> tuple[int, str, dict]:
+    """Start ``optcore compare ARGS --out ...``, wait until a run has finished
+    (results.json lists it), press Ctrl-C, and return (exit code, output, results)."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "optcore.cli", "compare", "--optimizers", "AdamW,torch:SGD,Adam,NAdam,RMSprop",
-         "--steps", "400", "--in-process", "--quiet", "--out", str(out)],
+        [sys.executable, "-m", "optcore.cli", "compare", *args, "--quiet", "--out", str(out)],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # A shell's background job starts with SIGINT ignored, and Python keeps an inherited
         # SIG_IGN: give the child the default, so Ctrl-C reaches it as it does in a terminal.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen,
     )  # fmt: skip
     results = out / "results.json"
     deadline = time.monotonic() + 240
@@ -56,8 +57,14 @@ def test_ctrl_c_keeps_the_finished_runs(tmp_path):
     assert process.poll() is None, process.communicate()[0]
     process.send_signal(signal.SIGINT)
     printed, _ = process.communicate(timeout=120)
-    assert process.returncode == 130, printed
-    doc = json.loads(results.read_text())
+    return process.returncode, printed, json.loads(results.read_text())
+
+
+def test_ctrl_c_keeps_the_finished_runs(tmp_path):
+    code, printed, doc = _ctrl_c_after_a_finished_run(
+        tmp_path, ["--optimizers", "AdamW,torch:SGD,Adam,NAdam,RMSprop", "--steps", "400", "--in-process"]
+    )
+    assert code == 130, printed
     assert doc["interrupted"] and not doc["complete"]
     finished = [r for r in doc["results"]]
     assert 1 <= len(finished) < 5 and all(r["status"] == "ok" and len(r["losses"]) == 400 for r in finished)
@@ -114,24 +121,10 @@ def test_in_process_runs_one_at_a_time(tmp_path, capsys):
 
 
 def test_ctrl_c_with_runs_side_by_side_stops_them_and_keeps_the_finished(tmp_path):
-    out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "optcore.cli", "compare", "--optimizers", "torch:SGD,AdamW,Adam,NAdam,RMSprop",
-         "--steps", "2000", "--jobs", "2", "--quiet", "--out", str(out)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    code, printed, doc = _ctrl_c_after_a_finished_run(
+        tmp_path, ["--optimizers", "torch:SGD,AdamW,Adam,NAdam,RMSprop", "--steps", "2000", "--jobs", "2"],
         start_new_session=True,  # Ctrl-C to the parent alone: its stop must end the children
-    )  # fmt: skip
-    results = out / "results.json"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and process.poll() is None and not results.exists():
-        time.sleep(0.2)
-    time.sleep(1.0)
-    assert process.poll() is None, process.communicate()[0]
-    process.send_signal(signal.SIGINT)
-    printed, _ = process.communicate(timeout=60)
-    assert process.returncode == 130, printed
-    doc = json.loads(results.read_text())
+    )
+    assert code == 130, printed
     assert doc["interrupted"] and not doc["complete"] and len(doc["results"]) < 5
     assert all(r["status"] == "ok" and len(r["losses"]) == 2000 for r in doc["results"])
