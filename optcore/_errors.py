@@ -3,7 +3,9 @@
 Every error a user can cause is an :class:`OptcoreError`, and each one says what
 to do next. Where a standard exception type is what callers already catch
 (``KeyError`` for an unknown name, ``ValueError`` for a bad value), the optcore
-error is also that type, so existing ``except`` clauses keep working.
+error is also that type, so existing ``except`` clauses keep working. Every
+part of a message that a user or a plugin supplied is escaped and cut
+(:func:`~optcore._values.clean_text`).
 """
 
 from __future__ import annotations
@@ -14,71 +16,40 @@ from typing import Any
 
 from ._values import clean_text, short_repr
 
-#: How much of a user- or plugin-supplied value a message shows.
-SHOWN_CHARS = 120
-
-
-def printable(text: Any, limit: int = SHOWN_CHARS) -> str:
-    """``text`` fit for a message: control characters and terminal escape
-    codes written as escapes (``\\x1b``), so a name cannot restyle or rewrite
-    the user's terminal, and cut to ``limit`` characters, so a 10 MB value
-    does not become a 10 MB message."""
-    text = text if isinstance(text, str) else str(text)
-    cut = len(text) > limit
-    head = text[:limit]
-    out = "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in head)
-    return out + f"... ({len(text):,} characters)" if cut else out
-
-
-def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
-    """``value`` quoted as ``repr`` quotes a string (escapes included), cut to
-    ``limit`` characters."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text):,} characters)"
-
 
 class OptcoreError(Exception):
     """Base class of every error optcore raises on purpose."""
 
+    message: str
+
+    def __str__(self) -> str:  # KeyError would repr() the message otherwise
+        return getattr(self, "message", super().__str__())
+
 
 class OptimizerNotFoundError(OptcoreError, KeyError):
-    """A ``type`` name that resolves nowhere.
-
-    Carries the name, the places that were searched and the closest known names.
-    """
+    """A ``type`` name that resolves nowhere: carries the name, the places
+    searched and the closest known names."""
 
     kind = "optimizer"
 
-    def __init__(
-        self,
-        name: str,
-        searched: Sequence[str] = (),
-        suggestions: Sequence[str] = (),
-        hint: str = "",
-    ) -> None:
+    def __init__(self, name: str, searched: Sequence[str] = (), suggestions: Sequence[str] = (), hint: str = "") -> None:
         self.name = name
         self.searched = list(searched)
         self.suggestions = list(suggestions)
-        lines = [f"No {self.kind} named {shown(name)}."]
+        lines = [f"No {self.kind} named {short_repr(name, 120)}."]
         if self.suggestions:
-            lines.append("Did you mean: " + ", ".join(printable(s) for s in self.suggestions) + "?")
+            lines.append("Did you mean: " + ", ".join(clean_text(s) for s in self.suggestions) + "?")
         if self.searched:
-            lines.append("Looked in: " + "; ".join(printable(s) for s in self.searched) + ".")
-        if hint:
-            lines.append(printable(hint, 4 * SHOWN_CHARS))
-        else:
-            lines.append(
-                f"Run `optcore list{' --schedulers' if self.kind == 'scheduler' else ''}` "
-                "to see every available name, install the plugin that provides it, "
-                "or give a dotted path such as 'package.module:Class'."
-            )
+            lines.append("Looked in: " + "; ".join(clean_text(s) for s in self.searched) + ".")
+        lines.append(
+            clean_text(hint, 480)
+            if hint
+            else f"Run `optcore list{' --schedulers' if self.kind == 'scheduler' else ''}` "
+            "to see every available name, install the plugin that provides it, "
+            "or give a dotted path such as 'package.module:Class'."
+        )
         self.message = "\n".join(lines)
         super().__init__(self.message)
-
-    def __str__(self) -> str:  # KeyError would repr() the message otherwise
-        return self.message
 
 
 class SchedulerNotFoundError(OptimizerNotFoundError):
@@ -96,11 +67,7 @@ class ConfigError(OptcoreError, ValueError):
     """
 
     def __init__(
-        self,
-        message: str,
-        problems: Iterable[tuple[str, str]] = (),
-        accepted: Sequence[str] = (),
-        target: str | None = None,
+        self, message: str, problems: Iterable[tuple[str, str]] = (), accepted: Sequence[str] = (), target: str | None = None
     ) -> None:
         self.problems = list(problems)
         self.accepted = list(accepted)
@@ -108,47 +75,27 @@ class ConfigError(OptcoreError, ValueError):
         self.message = message
         super().__init__(message)
 
-    def __str__(self) -> str:
-        return self.message
-
 
 class PluginLoadError(OptcoreError, ImportError):
-    """A plugin whose entry point could not be loaded.
+    """A plugin whose entry point could not be loaded: names the distribution
+    (and its version), the entry point and the cause, so the user knows which
+    package to fix, upgrade or uninstall."""
 
-    Names the distribution (and its version), the entry point and the cause, so
-    the user knows which package to fix, upgrade or uninstall.
-    """
-
-    def __init__(
-        self,
-        distribution: str | None,
-        entry_point: str,
-        cause: BaseException | str,
-        version: str | None = None,
-    ) -> None:
+    def __init__(self, distribution: str | None, entry_point: str, cause: BaseException | str, version: str | None = None) -> None:
         self.distribution = distribution
         self.version = version
         self.entry_point = entry_point
         self.cause = cause
-        # Every part comes from a plugin's metadata or code: escaped and cut.
-        dist = printable(distribution) if distribution else "<unknown distribution>"
+        dist = clean_text(distribution) if distribution else "<unknown distribution>"
         if version:
-            dist = f"{dist} {printable(version)}"
+            dist = f"{dist} {clean_text(version)}"
         detail = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else cause
         self.message = (
-            f"Plugin {dist} failed to load entry point {shown(entry_point, 2 * SHOWN_CHARS)}: "
-            f"{printable(detail, 4 * SHOWN_CHARS)}\n"
-            f"Reinstall or upgrade {printable(distribution) if distribution else 'the plugin'}, uninstall it, or set "
+            f"Plugin {dist} failed to load entry point {short_repr(entry_point, 240)}: {clean_text(detail, 480)}\n"
+            f"Reinstall or upgrade {clean_text(distribution) if distribution else 'the plugin'}, uninstall it, or set "
             "OPTCORE_PLUGINS to load only the plugins you need."
         )
         super().__init__(self.message)
-
-    def __str__(self) -> str:
-        return self.message
-
-
-#: What a constructor may raise that is not about its arguments: these propagate.
-_NOT_ABOUT_CONFIG = (MemoryError,)
 
 
 @contextmanager
@@ -162,14 +109,12 @@ def rejected_config(spec: Any, *, config: Any = None) -> Iterator[None]:
     ``NegativeLRError``), a bare ``assert lr > 0`` (lion-pytorch), an
     ``OverflowError`` from arithmetic on a huge value. All of them are the
     user's config being rejected, so every ``Exception`` is converted;
-    ``KeyboardInterrupt``, ``SystemExit`` and ``MemoryError`` propagate, and
-    optcore's own errors pass through.
+    ``KeyboardInterrupt``, ``SystemExit`` and ``MemoryError`` (not about the
+    arguments) propagate, and optcore's own errors pass through.
     """
     try:
         yield
-    except OptcoreError:
-        raise
-    except _NOT_ABOUT_CONFIG:
+    except (OptcoreError, MemoryError):
         raise
     except Exception as exc:
         detail = clean_text(str(exc), 400)

@@ -22,7 +22,8 @@ import importlib
 import os
 from typing import Any
 
-from ._errors import ConfigError, printable, shown
+from ._errors import ConfigError
+from ._values import clean_text, short_repr
 from ._names import close_matches, normalize
 from ._packages import importable_classes, is_installed, what_it_is
 from ._plugins import entry_points
@@ -88,13 +89,13 @@ class ImportPaths:
             ) from None
         except Exception as exc:  # a module __getattr__ that fails
             raise ConfigError(
-                f"type {shown(text)}: reading {attr!r} from module {module} failed "
-                f"({type(exc).__name__}: {printable(exc)}).",
+                f"type {short_repr(text, 120)}: reading {attr!r} from module {module} failed "
+                f"({type(exc).__name__}: {clean_text(exc)}).",
                 problems=[("type", "import failed")],
             ) from exc
         if not (isinstance(obj, type) and issubclass(obj, importable_classes(self.kind))):
             raise ConfigError(
-                f"type {shown(text)} names {what_it_is(obj)}, not {self._kind_classes()}. An import path in a config "
+                f"type {short_repr(text, 120)} names {what_it_is(obj)}, not {self._kind_classes()}. An import path in a config "
                 f"may name only such a class; a factory must first be registered "
                 f"(optcore.register_{self.kind}('MyName', factory)) or declared as an entry point in group "
                 f"{self.group!r}, and is then named by that name.",
@@ -143,7 +144,7 @@ class ImportPaths:
 
     def _import_failed(self, module: str, text: str, exc: BaseException) -> ConfigError:
         return ConfigError(
-            f"type {shown(text)}: importing module {module} failed ({type(exc).__name__}: {printable(exc)}). "
+            f"type {short_repr(text, 120)}: importing module {module} failed ({type(exc).__name__}: {clean_text(exc)}). "
             "Fix or reinstall the package that provides it.",
             problems=[("type", "import failed")],
             target=text,
@@ -153,7 +154,7 @@ class ImportPaths:
         known = self._index().get(normalize(attr))
         also = f" {attr!r} is a known name: use type={known[0].qualified!r}." if known else ""
         return ConfigError(
-            f"type {shown(text)} is an import path, and import paths are turned off (allow_import_paths=False or "
+            f"type {short_repr(text, 120)} is an import path, and import paths are turned off (allow_import_paths=False or "
             f"OPTCORE_ALLOW_IMPORT_PATHS=0), so no module is imported for a config. Name a known {self.kind} "
             f"instead (`optcore list`), or register the class in code and use its name: "
             f"`optcore.register_{self.kind}({attr!r}, {module}.{attr})`, or declare it as an entry point in group "

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ConfigError, OptimizerNotFoundError, printable
+from ._errors import ConfigError, OptimizerNotFoundError
+from ._values import clean_text
 from ._names import close_matches, normalize
 from ._spec import OptimizerSpec
 
@@ -133,7 +134,7 @@ def load_package_class(pkg: KnownPackage, attr: str) -> Any:
     except BaseException as exc:
         raise ConfigError(
             f"{what} is in optcore's table of {pkg.distribution}'s optimizers, and importing {pkg.module} failed "
-            f"({type(exc).__name__}: {printable(exc)}). Reinstall or upgrade {pkg.distribution}, or pick another "
+            f"({type(exc).__name__}: {clean_text(exc)}). Reinstall or upgrade {pkg.distribution}, or pick another "
             "provider of the name (`optcore list --all`).",
             problems=[("type", "package failed to import")],
         ) from exc
@@ -168,7 +169,7 @@ def what_it_is(obj: Any) -> str:
         text = repr(obj)
     except Exception:  # noqa: BLE001 - a message must not fail on a bad __repr__
         text = "?"
-    return f"a {type(obj).__name__} ({printable(text, 60)})"
+    return f"a {type(obj).__name__} ({clean_text(text, 60)})"
 
 
 class PackageRegistries:
@@ -196,7 +197,7 @@ class PackageRegistries:
                 except KeyboardInterrupt:
                     raise
                 except BaseException as exc:  # a broken package never stops other names
-                    self.failures[pkg.distribution] = f"{type(exc).__name__}: {printable(exc)}"
+                    self.failures[pkg.distribution] = f"{type(exc).__name__}: {clean_text(exc)}"
                 self._names[pkg.distribution] = names
             return self._names[pkg.distribution]
 
@@ -248,7 +249,7 @@ class PackageRegistries:
             if not strict:
                 return None
             raise ConfigError(
-                f"{spelt!r} is in {where}, and loading it failed ({type(exc).__name__}: {printable(exc)}); "
+                f"{spelt!r} is in {where}, and loading it failed ({type(exc).__name__}: {clean_text(exc)}); "
                 f"it may need an optional dependency of {pkg.distribution} or a GPU.",
                 problems=[("type", "failed to load")],
             ) from exc

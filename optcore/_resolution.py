@@ -32,8 +32,9 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._errors import ConfigError, OptimizerNotFoundError, printable, shown
+from ._errors import ConfigError, OptimizerNotFoundError
 from ._import_paths import ImportPaths, import_paths_allowed
+from ._values import clean_text, short_repr
 from ._names import MAX_NAME_LENGTH, close_matches, normalize
 from ._packages import PackageRegistries
 from ._plugins import PluginEntry, entry_points
@@ -125,13 +126,13 @@ class Registry(ImportPaths):
             if callable(name):
                 return self._spec_for_object(name)
             raise ConfigError(
-                f"An {self.kind} type must be a name or a class, got {type(name).__name__} {printable(repr(name))}.",
+                f"An {self.kind} type must be a name or a class, got {type(name).__name__} {clean_text(repr(name))}.",
                 problems=[("type", "not a string or class")],
             )
         if len(name) > MAX_NAME_LENGTH:
             raise ConfigError(
                 f"The {self.kind} type is {len(name):,} characters long; a name or import path has at most "
-                f"{MAX_NAME_LENGTH}: {shown(name, 60)}.",
+                f"{MAX_NAME_LENGTH}: {short_repr(name, 60)}.",
                 problems=[("type", f"longer than {MAX_NAME_LENGTH} characters")],
             )
         text = name.strip()

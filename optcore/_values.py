@@ -8,9 +8,8 @@ Two rules hold everywhere a config is read (schemas, param groups, wrappers):
 - a switch is a boolean, or the string ``"true"``/``"false"``; it is never
   judged by truthiness (``"false"`` is a non-empty string, hence truthy).
 
-Messages echo what the user wrote, but cut: a 10 MB string or a control
-character in a config must not flood or garble the terminal that shows the
-error. This module imports nothing heavy (no torch, no pydantic).
+Messages echo what a user or a plugin wrote, but escaped and cut
+(:func:`clean_text`, :func:`short_repr`). This module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -23,11 +22,13 @@ from typing import Any
 REPR_LIMIT = 80
 
 
-def clean_text(text: str, limit: int = 400) -> str:
-    """``text`` with control characters escaped (``\\x1b``, ``\\n``) and cut to
-    about ``limit`` characters, saying how long it was."""
-    head = text[: limit + 1]
-    out = "".join(ch if ch.isprintable() or ch == " " else ascii(ch)[1:-1] for ch in head)
+def clean_text(text: Any, limit: int = 120) -> str:
+    """``text`` (or ``str(text)``) with control characters and terminal escape
+    codes escaped (``\\x1b``, ``\\n``), so that a name cannot restyle or rewrite
+    the user's terminal, and cut to ``limit`` characters, saying how long it
+    was, so that a 10 MB value does not make a 10 MB message."""
+    text = text if isinstance(text, str) else str(text)
+    out = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text[: limit + 1])
     if len(text) > limit:
         out = out[:limit] + f"…({len(text)} chars)"
     return out

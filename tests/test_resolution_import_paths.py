@@ -175,7 +175,7 @@ def test_g_messages_cut_long_names_and_escape_control_characters():
         optcore.resolve("Adam\x1b[2J\x1b]0;owned\x07" + "q" * 180)
     msg = str(info.value)
     assert "\x1b" not in msg and "\x07" not in msg and "\\x1b[2J" in msg
-    assert "q" * 150 not in msg and "characters)" in msg
+    assert "q" * 150 not in msg and "chars)" in msg
     with pytest.raises(OptimizerNotFoundError) as info:
         optcore.resolve("torch.optim.Nope\x1b[31m")
     assert "\x1b" not in str(info.value)
@@ -188,16 +188,17 @@ def test_g_plugin_load_errors_cut_and_escape_what_the_plugin_says(fake_plugins):
     with pytest.raises(PluginLoadError) as info:
         spec.target
     msg = str(info.value)
-    assert "\x1b" not in msg and len(msg) < 1500 and "optcore-noisy" in msg and "characters)" in msg
+    assert "\x1b" not in msg and len(msg) < 1500 and "optcore-noisy" in msg and "chars)" in msg
 
 
-def test_g_the_printable_helpers():
-    from optcore._errors import printable, shown
+def test_g_the_message_helpers_escape_and_cut():
+    from optcore._values import clean_text, short_repr
 
-    assert printable("ok\x1b[1mbold\r", 100) == "ok\\x1b[1mbold\\r"
-    assert printable("x" * 50, 10) == "x" * 10 + "... (50 characters)"
-    assert shown("a\x00b") == "'a\\x00b'"
-    assert shown("z" * 300, 5) == "'zzzzz'... (300 characters)"
+    assert clean_text("ok\x1b[1mbold\r", 100) == "ok\\x1b[1mbold\\r"
+    assert clean_text("x" * 50, 10) == "x" * 10 + "…(50 chars)"
+    assert clean_text(ValueError("a\nb")) == "a\\nb"
+    assert short_repr("a\x00b") == "'a\\x00b'"
+    assert short_repr("z" * 300, 5) == "'zzzzz'…(300 chars)"
 
 
 def test_module_import_failures_are_config_errors_naming_the_module(tmp_path, monkeypatch):
