@@ -53,7 +53,7 @@ _LAZY = {
     "plan": "._plan",
     "BuildPlan": "._plan",
     "build_param_groups": "._params",
-    "unwrap": "._unwrap",
+    "unwrap": ".integrations.unwrap",
     "hookimpl": "._hooks",
     "hookspec": "._hooks",
     "get_plugin_manager": "._hooks",
@@ -105,4 +105,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ._literals import parse_literal, parse_optim_args
     from ._schema import schema_from_signature, validate_hparams
     from ._spec import Capabilities, OptimizerSpec
-    from ._unwrap import unwrap
+    from .integrations.unwrap import unwrap

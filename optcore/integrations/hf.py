@@ -45,11 +45,11 @@ from typing import Any
 
 import torch
 
-from .. import _unwrap
 from .._build import build, build_optimizer
 from .._config import to_plain
 from .._errors import ConfigError
 from .._plan import plan
+from .unwrap import unwrap
 
 __all__ = [
     "OPTIM_TABLE",
@@ -158,7 +158,7 @@ def _warn_unused_training_args(args: Any, optimizer: torch.optim.Optimizer, igno
     """Say which TrainingArguments were set but lose to the optcore config
     (``ignore``: fields that carry the config itself, like swift's optim_args)."""
     defaults = {f.name: f.default for f in dataclasses.fields(type(args))} if dataclasses.is_dataclass(args) else {}
-    effective = getattr(_unwrap.unwrap(optimizer), "optimizer_config", {}) or {}
+    effective = getattr(unwrap(optimizer), "optimizer_config", {}) or {}
     lines = []
     for name, replacement in _IGNORED_ARGS.items():
         if name in ignore or name not in defaults or not hasattr(args, name):
@@ -188,7 +188,7 @@ class AppliedLR(torch.optim.lr_scheduler.LRScheduler):
     step size last applied), instead of ``None``."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, last_epoch: int = -1) -> None:
-        self._inner = _unwrap.unwrap(optimizer)
+        self._inner = unwrap(optimizer)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[Any]:  # what step() writes back: the groups' own lr, untouched

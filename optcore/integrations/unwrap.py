@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._contract import ContractMixin
-from ._errors import ConfigError
+from .._contract import ContractMixin
+from .._errors import ConfigError
 
 #: Where known wrappers keep what they wrap, tried in this order.
 WRAPPED_ATTRIBUTES = ("optimizer", "_optimizer", "optim")
