@@ -11,12 +11,13 @@ prefix. Hook plugins are modules or objects named by entry points in group
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 import pluggy
 
-from ._errors import ConfigError
-from ._plugins import HOOKS_GROUP, entry_points, load_hook_plugins
+from ._errors import ConfigError, PluginLoadError
+from ._plugins import HOOKS_GROUP, entry_points
 
 hookspec = pluggy.HookspecMarker("optcore")
 hookimpl = pluggy.HookimplMarker("optcore")
@@ -75,9 +76,21 @@ def get_plugin_manager() -> pluggy.PluginManager:
         if _manager is None or _manager[0] is not entries:
             pm = pluggy.PluginManager("optcore")
             pm.add_hookspecs(OptcoreHookSpecs)
-            load_hook_plugins(pm)
+            _load_hook_plugins(pm, entries)
             _manager = (entries, pm)
         return _manager[1]
+
+
+def _load_hook_plugins(pm: pluggy.PluginManager, entries: Any) -> None:
+    for entry in entries:
+        try:
+            plugin = entry.load()
+            if not pm.is_registered(plugin):
+                pm.register(plugin, name=f"{entry.distribution}:{entry.name}")
+        except Exception as exc:  # noqa: BLE001 - reported, not swallowed: a broken hook plugin never stops a build
+            if not isinstance(exc, PluginLoadError):
+                exc = PluginLoadError(entry.distribution, f"{HOOKS_GROUP}:{entry.name}", exc, entry.version)
+            warnings.warn(str(exc), RuntimeWarning, stacklevel=2)
 
 
 def rewrite_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -34,16 +34,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import threading
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import PluginLoadError
 from ._names import normalize
-
-_LOADER_LOCK = threading.RLock()
 
 OPTIMIZERS_GROUP = "optcore.optimizers"
 SCHEDULERS_GROUP = "optcore.schedulers"
@@ -59,72 +55,38 @@ class PluginEntry:
     group: str
     distribution: str | None
     version: str | None
-    _ep: Any
 
     @property
     def module(self) -> str:
         return self.value.partition(":")[0].strip()
 
-    def load(self) -> Any:
-        """Import the entry point's object, or raise :class:`PluginLoadError`."""
+    def load(self, validate: Callable[[Any], None] | None = None) -> Any:
+        """Import the entry point's object and check it with ``validate``, or
+        raise :class:`PluginLoadError`."""
+        from importlib.metadata import EntryPoint  # lazily: listing needs no importlib.metadata
+
         try:
-            return self._ep.load()
+            obj = EntryPoint(self.name, self.value, self.group).load()
+            if validate is not None:
+                validate(obj)
+            return obj
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # any failure inside a plugin is the plugin's, sys.exit() too
             raise PluginLoadError(self.distribution, f"{self.group}:{self.name} = {self.value}", exc, self.version) from exc
 
     def loader(self, validate: Callable[[Any], None] | None = None) -> Callable[[], Any]:
-        """A memoised zero-argument loader (specs call it on first use)."""
-        result: list[Any] = []
-
-        def load() -> Any:
-            with _LOADER_LOCK:
-                if not result:
-                    obj = self.load()
-                    if validate is not None:
-                        try:
-                            validate(obj)
-                        except KeyboardInterrupt:
-                            raise
-                        except BaseException as exc:
-                            raise PluginLoadError(
-                                self.distribution, f"{self.group}:{self.name} = {self.value}", exc, self.version
-                            ) from exc
-                    result.append(obj)
-                return result[0]
-
-        return load
+        """A memoised zero-argument loader (specs call it on first use, under their lock)."""
+        return functools.cache(functools.partial(self.load, validate))
 
 
 def autoload_disabled() -> bool:
     return os.environ.get("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in {"", "0", "false", "no"}
 
 
-def _allowed() -> set[str] | None:
-    raw = os.environ.get("OPTCORE_PLUGINS")
-    if raw is None or not raw.strip():
-        return None
-    return {normalize(part) for part in raw.split(",") if part.strip()}
-
-
-@dataclass(frozen=True)
-class _Dist:
-    name: str
-    version: str | None
-
-
-@dataclass(frozen=True)
-class _RawEntry:
-    name: str
-    value: str
-    group: str
-    dist: _Dist
-
-    def load(self) -> Any:
-        from importlib.metadata import EntryPoint
-
-        return EntryPoint(self.name, self.value, self.group).load()
+def _allowed() -> frozenset[str] | None:
+    raw = os.environ.get("OPTCORE_PLUGINS", "")
+    return frozenset(normalize(part) for part in raw.split(",") if part.strip()) if raw.strip() else None
 
 
 def _metadata_header(info_dir: str) -> tuple[str | None, str | None]:
@@ -165,18 +127,15 @@ def _parse_entry_points(text: str) -> dict[str, list[tuple[str, str]]]:
 
 
 @functools.lru_cache(maxsize=4)
-def _scan(path: tuple[str, ...]) -> dict[str, tuple[_RawEntry, ...]]:
+def _scan(path: tuple[str, ...]) -> dict[str, tuple[PluginEntry, ...]]:
     """Every ``optcore.*`` entry point of the distributions on ``path``.
 
-    ``importlib.metadata.entry_points()`` builds a Distribution and parses the
-    entry points of every installed package (6 ms for ~90 here, more with more
-    packages); this reads each ``entry_points.txt`` as text and parses only the
-    files that mention an ``optcore.`` group, which is what makes the first
-    look-up in a process cheap. Path entries that are files (zipped eggs) go
-    through ``importlib.metadata``. As there, the first distribution of a name
-    on ``sys.path`` wins; within one entry, distributions are read sorted.
+    Each ``entry_points.txt`` is read as text and only the files that mention
+    an ``optcore.`` group are parsed, which is what makes the first look-up in
+    a process cheap (see the module docstring). Path entries that are files
+    (zipped eggs) go through ``importlib.metadata``.
     """
-    found: dict[str, list[_RawEntry]] = {}
+    found: dict[str, list[PluginEntry]] = {}
     seen: set[str] = set()
     for entry in path:
         if not os.path.isdir(entry or "."):
@@ -201,84 +160,51 @@ def _scan(path: tuple[str, ...]) -> dict[str, tuple[_RawEntry, ...]]:
             # "{name}-{version}.dist-info" (name normalised with "_"): the
             # canonical project name and version, without opening METADATA.
             stem = fname.rsplit(".", 1)[0]
-            dist_name, _, rest = stem.partition("-")
+            dist, _, rest = stem.partition("-")
             version = rest.split("-")[0] or None
-            if not dist_name or not version:
-                dist_name, version = _metadata_header(info_dir)
-                dist_name = dist_name or stem
-            dist_name = dist_name.replace("_", "-").replace(".", "-").lower()
-            key = normalize(dist_name)
-            if key in seen:
+            if not dist or not version:
+                dist, version = _metadata_header(info_dir)
+                dist = dist or stem
+            dist = dist.replace("_", "-").replace(".", "-").lower()
+            if normalize(dist) in seen:
                 continue
-            seen.add(key)
-            dist = _Dist(dist_name, version)
+            seen.add(normalize(dist))
             for group, items in _parse_entry_points(text).items():
                 if group.startswith("optcore."):
-                    found.setdefault(group, []).extend(_RawEntry(n, v, group, dist) for n, v in items)
+                    found.setdefault(group, []).extend(PluginEntry(n, v, group, dist, version) for n, v in items)
     return {group: tuple(items) for group, items in found.items()}
 
 
-def _scan_with_metadata(entry: str, found: dict[str, list[_RawEntry]], seen: set[str]) -> None:
+def _scan_with_metadata(entry: str, found: dict[str, list[PluginEntry]], seen: set[str]) -> None:
     from importlib import metadata
 
     for dist in sorted(metadata.distributions(path=[entry]), key=lambda d: normalize(d.metadata["Name"] or "")):
-        key = normalize(dist.metadata["Name"] or "")
-        if key in seen:
+        name = dist.metadata["Name"]
+        if normalize(name or "") in seen:
             continue
-        seen.add(key)
+        seen.add(normalize(name or ""))
         for ep in dist.entry_points:
             if ep.group.startswith("optcore."):
-                found.setdefault(ep.group, []).append(
-                    _RawEntry(ep.name, ep.value, ep.group, _Dist(dist.metadata["Name"], dist.version))
-                )
+                found.setdefault(ep.group, []).append(PluginEntry(ep.name, ep.value, ep.group, name, dist.version))
 
 
 @functools.lru_cache(maxsize=None)
-def _discover(
-    group: str, disabled: bool, allowed: frozenset[str] | None, path: tuple[str, ...] = ()
-) -> tuple[PluginEntry, ...]:
-    if disabled:
-        return ()
-    entries: list[PluginEntry] = []
-    seen: set[tuple[str | None, str]] = set()
-    for ep in _scan(tuple(sys.path)).get(group, ()):
-        dist_name, version = ep.dist.name, ep.dist.version
-        if allowed is not None and normalize(ep.name) not in allowed and normalize(dist_name or "") not in allowed:
-            continue
-        key = (dist_name, ep.name)
-        if key in seen:  # the same distribution found twice on sys.path
-            continue
-        seen.add(key)
-        entries.append(PluginEntry(ep.name, ep.value, group, dist_name, version, ep))
-    return tuple(entries)
+def _discover(group: str, allowed: frozenset[str] | None, path: tuple[str, ...]) -> tuple[PluginEntry, ...]:
+    entries: dict[tuple[str | None, str], PluginEntry] = {}
+    for e in _scan(path).get(group, ()):
+        if allowed is None or normalize(e.name) in allowed or normalize(e.distribution or "") in allowed:
+            entries.setdefault((e.distribution, e.name), e)  # an entry point is listed once
+    return tuple(entries.values())
 
 
 def entry_points(group: str) -> tuple[PluginEntry, ...]:
     """The entry points of ``group`` (cached per ``sys.path``; honours the
     environment switches)."""
-    allowed = _allowed()
-    return _discover(group, autoload_disabled(), frozenset(allowed) if allowed is not None else None, tuple(sys.path))
+    return () if autoload_disabled() else _discover(group, _allowed(), tuple(sys.path))
 
 
 def refresh() -> None:
-    """Forget cached metadata (after installing a plugin in a running process)."""
+    """Forget cached metadata (after installing a plugin in a running process);
+    the hook manager sees new entry points and rebuilds itself."""
     _discover.cache_clear()
-    _scan.cache_clear()  # the hook manager sees new entry points and rebuilds itself
-
-
-def load_hook_plugins(pm: Any) -> None:
-    """Register every hook plugin of group ``optcore.hooks`` with ``pm``.
-
-    A hook plugin that fails is skipped with a warning naming it: one broken
-    plugin never stops a build that does not need it.
-    """
-    for entry in entry_points(HOOKS_GROUP):
-        try:
-            plugin = entry.load()
-            if pm.is_registered(plugin):
-                continue
-            pm.register(plugin, name=f"{entry.distribution}:{entry.name}")
-        except Exception as exc:  # noqa: BLE001 - reported, not swallowed
-            warnings.warn(str(exc) if isinstance(exc, PluginLoadError) else
-                          str(PluginLoadError(entry.distribution, f"{HOOKS_GROUP}:{entry.name}", exc, entry.version)),
-                          RuntimeWarning, stacklevel=2)
+    _scan.cache_clear()

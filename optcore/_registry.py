@@ -27,19 +27,6 @@ from ._torch_facts import TORCH_FACTS
 __all__ = ["OPTIMIZERS", "ShadowedNameWarning", "list_optimizers", "register_optimizer", "resolve", "unregister_optimizer"]
 
 
-def _validate_optimizer_target(obj: Any) -> None:
-    """What an entry point must point at: a class (or factory) taking params,
-    with a pydantic ``config_schema`` if it declares one."""
-    if not callable(obj):
-        raise TypeError(f"entry point object {obj!r} is not a class or factory")
-    schema = getattr(obj, "config_schema", None)
-    if schema is not None:
-        from pydantic import BaseModel  # lazily: pydantic stays out of listing
-
-        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
-            raise TypeError(f"{obj!r}.config_schema must be a pydantic BaseModel subclass, got {schema!r}")
-
-
 def _torch_specs() -> list[OptimizerSpec]:
     names = [n for n in TORCH_FACTS if isinstance(getattr(torch.optim, n, None), type)]
     names += sorted(
@@ -99,7 +86,6 @@ OPTIMIZERS = Registry(
     "optimizer",
     OPTIMIZERS_GROUP,
     [_torch_specs, _package_specs],
-    validate=_validate_optimizer_target,
     reduce_to=resolve,
     asked=PackageRegistries(KNOWN_PACKAGES),
 )

@@ -47,6 +47,22 @@ class ShadowedNameWarning(UserWarning):
     """A plain name resolved to one provider while another one is installed."""
 
 
+def _is_schema(schema: Any) -> bool:
+    from pydantic import BaseModel  # lazily: pydantic stays out of listing
+
+    return isinstance(schema, type) and issubclass(schema, BaseModel)
+
+
+def _check_entry_point(obj: Any, kind: str) -> None:
+    """What an entry point must name: a class or factory, with a pydantic
+    ``config_schema`` if it declares one (else a :class:`PluginLoadError`)."""
+    if not callable(obj):
+        raise TypeError(f"entry point object {obj!r} is not a {kind} class or factory")
+    schema = getattr(obj, "config_schema", None)
+    if schema is not None and not _is_schema(schema):
+        raise TypeError(f"{obj!r}.config_schema must be a pydantic BaseModel subclass, got {schema!r}")
+
+
 class Registry(ImportPaths):
     """The names of one kind (optimizers here; schedulers reuse it)."""
 
@@ -56,7 +72,6 @@ class Registry(ImportPaths):
         group: str,
         builtin_sources: Iterable[Callable[[], list[OptimizerSpec]]],
         not_found: type[OptimizerNotFoundError] = OptimizerNotFoundError,
-        validate: Callable[[Any], None] | None = None,
         spec_class: type[OptimizerSpec] = OptimizerSpec,
         reduce_to: Callable[[str], Any] | None = None,
         asked: PackageRegistries | None = None,
@@ -66,7 +81,6 @@ class Registry(ImportPaths):
         self.group = group
         self._builtin_sources = list(builtin_sources)
         self._not_found = not_found
-        self._validate = validate
         self._reduce_to = reduce_to
         self.asked = asked
         self._user: dict[str, OptimizerSpec] = {}
@@ -93,7 +107,7 @@ class Registry(ImportPaths):
                 source="plugin",
                 provider=e.distribution or e.module,
                 qualified=f"{e.distribution or e.module}:{e.name}",
-                loader=e.loader(self._validate),
+                loader=e.loader(functools.partial(_check_entry_point, kind=self.kind)),
                 version=e.version,
                 kind=self.kind,
                 reduce_to=self._reduce_to,
@@ -267,11 +281,8 @@ class Registry(ImportPaths):
     def _add(self, name: str, target: Any, schema: Any, override: bool) -> None:
         if not callable(target):
             raise ConfigError(f"register_{self.kind}({name!r}, ...) needs a class or factory, got {target!r}.")
-        if schema is not None:
-            from pydantic import BaseModel  # lazily: pydantic stays out of import optcore
-
-            if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
-                raise ConfigError(f"schema for {name!r} must be a pydantic BaseModel subclass, got {schema!r}.")
+        if schema is not None and not _is_schema(schema):
+            raise ConfigError(f"schema for {name!r} must be a pydantic BaseModel subclass, got {schema!r}.")
         key = normalize(name)
         with self._lock:
             existing = self._user.get(key)

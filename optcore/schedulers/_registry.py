@@ -161,17 +161,6 @@ def _builtin_specs() -> list[SchedulerSpec]:
     ]
 
 
-def _validate_scheduler_target(obj: Any) -> None:
-    if not callable(obj):
-        raise TypeError(f"entry point object {obj!r} is not a scheduler class or factory")
-    schema = getattr(obj, "config_schema", None)
-    if schema is not None:
-        from pydantic import BaseModel
-
-        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
-            raise TypeError(f"{obj!r}.config_schema must be a pydantic BaseModel subclass, got {schema!r}")
-
-
 class _SchedulerRegistry(Registry):
     def _searched(self) -> list[str]:
         return [
@@ -187,7 +176,6 @@ SCHEDULERS = _SchedulerRegistry(
     SCHEDULERS_GROUP,
     [_torch_specs, _builtin_specs],
     not_found=SchedulerNotFoundError,
-    validate=_validate_scheduler_target,
     spec_class=SchedulerSpec,
 )
 
