@@ -19,8 +19,14 @@ shared 2-core machine at load ~14 (``benchmarks/bench_discovery.py --fakes 50
 --runs 7``): this scan 11.3 ms; ``distributions()`` with a
 ``read_text("entry_points.txt")`` pre-check 21.1 ms; ``entry_points(group=...)``
 25.1 ms (79.6 ms for the three optcore groups); ``entry_points()`` once, then
-``select`` 31.4 ms. The cheapest standard route costs ~10 ms more than this
-scan, over the ~5 ms we would pay to be on it, so the scan stays. Path
+``select`` 31.4 ms. At load ~1 the same run gave 3.4 ms for this scan and
+7.1 ms for ``distributions()`` + pre-check, but that route must read each
+plugin's name and version from its parsed METADATA (this scan takes them from
+the ``.dist-info`` directory's name): with all 50 extra distributions
+declaring optcore entry points (``benchmarks/bench_core.py``'s plugin
+resolution), the first look-up took 37-42 ms on it against 9-10 ms with this
+scan. The standard route costs more than the ~5 ms we would pay to be on it,
+so the scan stays. Path
 entries that are missing (``python311.zip``) are skipped rather than handed
 to importlib.metadata, so a process without torch need not import it (55-100
 ms at that load).
