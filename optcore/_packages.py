@@ -15,11 +15,12 @@ them into its class.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,31 +28,6 @@ from ._errors import ConfigError, OptimizerNotFoundError
 from ._values import clean_text
 from ._names import close_matches, normalize
 from ._spec import OptimizerSpec
-
-
-def _pytorch_optimizer_names() -> list[str]:
-    import pytorch_optimizer
-
-    return list(pytorch_optimizer.get_supported_optimizers())
-
-
-def _pytorch_optimizer_class(name: str) -> Any:
-    import pytorch_optimizer
-
-    return pytorch_optimizer.load_optimizer(name)
-
-
-def _timm_names() -> list[str]:
-    from timm.optim import list_optimizers
-
-    return [n for n in list_optimizers() if isinstance(n, str)]
-
-
-def _timm_class(name: str) -> Any:
-    from timm.optim import get_optimizer_class
-
-    # The class itself: with its defaults bound, timm returns a partial.
-    return get_optimizer_class(name, bind_defaults=False)
 
 
 @dataclass(frozen=True)
@@ -80,8 +56,8 @@ KNOWN_PACKAGES: tuple[KnownPackage, ...] = (
             "ScheduleFreeRAdam", "ScheduleFreeSGD", "SGDP", "SGDW", "SignSGD", "SM3", "SOAP",
             "StableAdamW", "Tiger", "Yogi",
         ),
-        _pytorch_optimizer_names,
-        _pytorch_optimizer_class,
+        lambda: importlib.import_module("pytorch_optimizer").get_supported_optimizers(),
+        lambda name: importlib.import_module("pytorch_optimizer").load_optimizer(name),
     ),
     KnownPackage(
         "timm",
@@ -91,8 +67,9 @@ KNOWN_PACKAGES: tuple[KnownPackage, ...] = (
             "Lamb", "LaProp", "Lars", "Lion", "MADGRAD", "Mars", "NAdamW", "NvNovoGrad",
             "RMSpropTF", "SGDP", "SGDW",
         ),
-        _timm_names,
-        _timm_class,
+        lambda: [n for n in importlib.import_module("timm.optim").list_optimizers() if isinstance(n, str)],
+        # the class itself: with its defaults bound, timm returns a partial
+        lambda name: importlib.import_module("timm.optim").get_optimizer_class(name, bind_defaults=False),
     ),
     KnownPackage("transformers", "transformers.optimization", ("Adafactor",)),
     KnownPackage(
@@ -173,11 +150,9 @@ def what_it_is(obj: Any) -> str:
 
 
 class PackageRegistries:
-    """The registries that installed packages keep of their own optimizers.
-
-    Asked only for a name no table has (asking imports the package); each
-    package's names are read once per process.
-    """
+    """The registries installed packages keep of their own optimizers: asked
+    only for a name no table has (asking imports the package), each package's
+    names read once per process."""
 
     def __init__(self, packages: Iterable[KnownPackage], kind: str = "optimizer") -> None:
         self.packages = [p for p in packages if p.ask_names is not None and p.ask_class is not None]
@@ -191,14 +166,13 @@ class PackageRegistries:
             if pkg.distribution not in self._names:
                 if not is_installed(pkg.top_level):
                     return {}  # not remembered: it may be installed later in the process
-                names: dict[str, str] = {}
+                self._names[pkg.distribution] = {}
                 try:
-                    names = {normalize(n): n for n in pkg.ask_names()}  # type: ignore[misc]
+                    self._names[pkg.distribution] = {normalize(n): n for n in pkg.ask_names()}  # type: ignore[misc]
                 except KeyboardInterrupt:
                     raise
                 except BaseException as exc:  # a broken package never stops other names
                     self.failures[pkg.distribution] = f"{type(exc).__name__}: {clean_text(exc)}"
-                self._names[pkg.distribution] = names
             return self._names[pkg.distribution]
 
     def forget(self) -> None:
@@ -215,47 +189,37 @@ class PackageRegistries:
     def find(self, name: str, packages: Iterable[KnownPackage] | None = None, **spec_args: Any) -> list[OptimizerSpec]:
         """A spec per package whose registry has ``name`` (imports them)."""
         key = normalize(name)
-        found = []
-        for pkg in self.packages if packages is None else packages:
-            spelt = self._names_of(pkg).get(key)
-            if spelt is not None:
-                found.append(self._spec(pkg, spelt, strict=True, **spec_args))
-        return [s for s in found if s is not None]
+        pkgs = self.packages if packages is None else packages
+        return [self._spec(p, self._names_of(p)[key], **spec_args) for p in pkgs if key in self._names_of(p)]
 
-    def every(self, skip: Iterable[str] = (), **spec_args: Any) -> list[OptimizerSpec]:
+    def every(self, skip: Container[str] = (), **spec_args: Any) -> list[OptimizerSpec]:
         """A spec for every name of every installed package's registry, less
         the (normalised) names in ``skip``; names that fail to load are left out."""
-        skipped = set(skip)
         out = []
         for pkg in self.packages:
             for key, spelt in self._names_of(pkg).items():
-                if key not in skipped:
-                    spec = self._spec(pkg, spelt, strict=False, **spec_args)
-                    if spec is not None:
-                        out.append(spec)
+                if key not in skip:
+                    with contextlib.suppress(ConfigError):
+                        out.append(self._spec(pkg, spelt, **spec_args))
         return out
 
     def all_names(self) -> list[str]:
         """The names already read (for close matches; imports nothing new)."""
         return [n for names in self._names.values() for n in names.values()]
 
-    def _spec(self, pkg: KnownPackage, spelt: str, strict: bool, **spec_args: Any) -> OptimizerSpec | None:
+    def _spec(self, pkg: KnownPackage, spelt: str, **spec_args: Any) -> OptimizerSpec:
         where = f"{pkg.distribution}'s registry"
         try:
             cls = pkg.ask_class(spelt)  # type: ignore[misc]
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
-            if not strict:
-                return None
             raise ConfigError(
                 f"{spelt!r} is in {where}, and loading it failed ({type(exc).__name__}: {clean_text(exc)}); "
                 f"it may need an optional dependency of {pkg.distribution} or a GPU.",
                 problems=[("type", "failed to load")],
             ) from exc
         if not (isinstance(cls, type) and issubclass(cls, importable_classes(self.kind))):
-            if not strict:
-                return None
             raise ConfigError(
                 f"{spelt!r} in {where} is {what_it_is(cls)}, not a class of torch's {self.kind}s; optcore builds "
                 "only those from a package's registry.",
@@ -263,12 +227,7 @@ class PackageRegistries:
             )
         name = cls.__name__ if normalize(cls.__name__) == normalize(spelt) else spelt
         spec = OptimizerSpec(
-            name=name,
-            source="package",
-            provider=pkg.distribution,
-            qualified=f"{pkg.module}:{name}",
-            loader=lambda: cls,
-            **spec_args,
+            name=name, source="package", provider=pkg.distribution, qualified=f"{pkg.module}:{name}", loader=lambda: cls, **spec_args
         )
         spec.__dict__["target"] = cls  # loaded already: listing may show its flags
         return spec
