@@ -32,7 +32,9 @@ class OptimizerNotFoundError(OptcoreError, KeyError):
 
     kind = "optimizer"
 
-    def __init__(self, name: str, searched: Sequence[str] = (), suggestions: Sequence[str] = (), hint: str = "") -> None:
+    def __init__(
+        self, name: str, searched: Sequence[str] = (), suggestions: Sequence[str] = (), hint: str = ""
+    ) -> None:
         self.name = name
         self.searched = list(searched)
         self.suggestions = list(suggestions)
@@ -67,7 +69,11 @@ class ConfigError(OptcoreError, ValueError):
     """
 
     def __init__(
-        self, message: str, problems: Iterable[tuple[str, str]] = (), accepted: Sequence[str] = (), target: str | None = None
+        self,
+        message: str,
+        problems: Iterable[tuple[str, str]] = (),
+        accepted: Sequence[str] = (),
+        target: str | None = None,
     ) -> None:
         self.problems = list(problems)
         self.accepted = list(accepted)
@@ -81,7 +87,9 @@ class PluginLoadError(OptcoreError, ImportError):
     (and its version), the entry point and the cause, so the user knows which
     package to fix, upgrade or uninstall."""
 
-    def __init__(self, distribution: str | None, entry_point: str, cause: BaseException | str, version: str | None = None) -> None:
+    def __init__(
+        self, distribution: str | None, entry_point: str, cause: BaseException | str, version: str | None = None
+    ) -> None:
         self.distribution = distribution
         self.version = version
         self.entry_point = entry_point

@@ -30,6 +30,10 @@ from ._plugins import entry_points
 from ._spec import OptimizerSpec
 
 _OFF = {"0", "false", "no", "off"}
+KIND_CLASSES = {
+    "optimizer": "a torch.optim.Optimizer subclass",
+    "scheduler": "a torch.optim.lr_scheduler.LRScheduler subclass or ReduceLROnPlateau",
+}
 
 
 def import_paths_allowed(flag: bool | None = None) -> bool:
@@ -79,7 +83,11 @@ class ImportPaths:
         try:
             obj = getattr(mod, attr)
         except AttributeError:
-            classes = self._classes_in(mod)
+            bases = importable_classes(self.kind)
+            classes = [
+                n for n, v in vars(mod).items()
+                if not n.startswith("_") and isinstance(v, type) and issubclass(v, bases) and v not in bases
+            ]
             sep = ":" if ":" in text else "."
             raise self._not_found(
                 text,
@@ -95,8 +103,8 @@ class ImportPaths:
             ) from exc
         if not (isinstance(obj, type) and issubclass(obj, importable_classes(self.kind))):
             raise ConfigError(
-                f"type {short_repr(text, 120)} names {what_it_is(obj)}, not {self._kind_classes()}. An import path in a config "
-                f"may name only such a class; a factory must first be registered "
+                f"type {short_repr(text, 120)} names {what_it_is(obj)}, not {KIND_CLASSES[self.kind]}. An import "
+                f"path in a config may name only such a class; a factory must first be registered "
                 f"(optcore.register_{self.kind}('MyName', factory)) or declared as an entry point in group "
                 f"{self.group!r}, and is then named by that name.",
                 problems=[("type", f"not a {self.kind} class")],
@@ -108,24 +116,16 @@ class ImportPaths:
         """The registered or entry-point spec whose object is ``module:attr``,
         found by name (nothing is imported)."""
         path = f"{module}:{attr}"
-        bases = importable_classes(self.kind)
         for spec in self._user.values():
             target = spec.target  # registered objects are in memory
-            if isinstance(target, type) and issubclass(target, bases):
+            if isinstance(target, type) and issubclass(target, importable_classes(self.kind)):
                 continue  # a class resolves by its path as itself, not as someone's registration
             if f"{getattr(target, '__module__', '')}:{getattr(target, '__qualname__', '')}" == path:
                 return spec
-        for specs in self._index().values():
-            for spec in specs:
-                if spec.source == "plugin" and self._entry_value(spec) == path:
-                    return spec
-        return None
-
-    def _entry_value(self, spec: OptimizerSpec) -> str | None:
-        for entry in entry_points(self.group):
-            if entry.name == spec.name and (entry.distribution or entry.module) == spec.provider:
-                return entry.value.replace(" ", "")
-        return None
+        entries = entry_points(self.group)
+        declared = {(e.distribution or e.module, e.name) for e in entries if e.value.replace(" ", "") == path}
+        plugins = (s for specs in self._index().values() for s in specs if s.source == "plugin")
+        return next((s for s in plugins if (s.provider, s.name) in declared), None)
 
     def _import_module(self, module: str, text: str) -> Any:
         try:
@@ -162,16 +162,3 @@ class ImportPaths:
             problems=[("type", "import paths are turned off")],
             target=text,
         )
-
-    def _kind_classes(self) -> str:
-        if self.kind == "scheduler":
-            return "a torch.optim.lr_scheduler.LRScheduler subclass or ReduceLROnPlateau"
-        return "a torch.optim.Optimizer subclass"
-
-    def _classes_in(self, mod: Any) -> list[str]:
-        bases = importable_classes(self.kind)
-        return [
-            n
-            for n, v in vars(mod).items()
-            if not n.startswith("_") and isinstance(v, type) and issubclass(v, bases) and v not in bases
-        ]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ConfigError, OptimizerNotFoundError
-from ._values import clean_text
+from ._values import clean_text, short_repr
 from ._names import close_matches, normalize
 from ._spec import OptimizerSpec
 
@@ -142,11 +142,7 @@ def what_it_is(obj: Any) -> str:
     if callable(obj):
         name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
         return f"the {type(obj).__name__} {getattr(obj, '__module__', None) or '?'}.{name}"
-    try:
-        text = repr(obj)
-    except Exception:  # noqa: BLE001 - a message must not fail on a bad __repr__
-        text = "?"
-    return f"a {type(obj).__name__} ({clean_text(text, 60)})"
+    return f"a {type(obj).__name__} ({short_repr(obj, 60)})"
 
 
 class PackageRegistries:
@@ -227,7 +223,8 @@ class PackageRegistries:
             )
         name = cls.__name__ if normalize(cls.__name__) == normalize(spelt) else spelt
         spec = OptimizerSpec(
-            name=name, source="package", provider=pkg.distribution, qualified=f"{pkg.module}:{name}", loader=lambda: cls, **spec_args
+            name=name, source="package", provider=pkg.distribution, qualified=f"{pkg.module}:{name}",
+            loader=lambda: cls, **spec_args,
         )
         spec.__dict__["target"] = cls  # loaded already: listing may show its flags
         return spec
