@@ -34,7 +34,7 @@ from typing import Any
 
 from ._errors import ConfigError, OptimizerNotFoundError
 from ._import_paths import ImportPaths, import_paths_allowed
-from ._values import clean_text, short_repr
+from ._values import short_repr
 from ._names import MAX_NAME_LENGTH, close_matches, normalize
 from ._packages import PackageRegistries
 from ._plugins import PluginEntry, entry_points
@@ -89,6 +89,9 @@ class Registry(ImportPaths):
         self._index_cache: tuple[Any, dict[str, list[OptimizerSpec]]] | None = None
         self._warned: set[str] = set()
 
+    def _new_spec(self, **fields: Any) -> OptimizerSpec:
+        return self._spec_class(kind=self.kind, reduce_to=self._reduce_to, **fields)
+
     def _own(self, spec: OptimizerSpec) -> OptimizerSpec:
         """``spec`` pickling to this registry's resolve function."""
         if spec.reduce_to is not None or self._reduce_to is None:
@@ -102,15 +105,13 @@ class Registry(ImportPaths):
 
     def _plugin_specs(self, entries: tuple[PluginEntry, ...]) -> list[OptimizerSpec]:
         return [
-            self._spec_class(
+            self._new_spec(
                 name=e.name,
                 source="plugin",
                 provider=e.distribution or e.module,
                 qualified=f"{e.distribution or e.module}:{e.name}",
                 loader=e.loader(functools.partial(_check_entry_point, kind=self.kind)),
                 version=e.version,
-                kind=self.kind,
-                reduce_to=self._reduce_to,
             )
             for e in entries
         ]
@@ -140,7 +141,7 @@ class Registry(ImportPaths):
             if callable(name):
                 return self._spec_for_object(name)
             raise ConfigError(
-                f"An {self.kind} type must be a name or a class, got {type(name).__name__} {clean_text(repr(name))}.",
+                f"An {self.kind} type must be a name or a class, got {type(name).__name__} {short_repr(name, 120)}.",
                 problems=[("type", "not a string or class")],
             )
         if len(name) > MAX_NAME_LENGTH:
@@ -218,14 +219,12 @@ class Registry(ImportPaths):
     def _spec_for_object(self, obj: Any, qualified: str | None = None, source: str = "user") -> OptimizerSpec:
         module = getattr(obj, "__module__", "") or ""
         name = getattr(obj, "__name__", type(obj).__name__)
-        spec = self._spec_class(
+        spec = self._new_spec(
             name=name,
-            source=source,  # type: ignore[arg-type]
+            source=source,
             provider=module.partition(".")[0] or "<object>",
             qualified=qualified or f"{module}:{name}",
             loader=lambda: obj,
-            kind=self.kind,
-            reduce_to=self._reduce_to,
         )
         spec.__dict__["target"] = obj  # in memory already
         return spec
@@ -291,15 +290,13 @@ class Registry(ImportPaths):
                     f"{self.kind.capitalize()} {name!r} is already registered ({existing.qualified}); "
                     f"pass override=True to replace it, or choose another name."
                 )
-            self._user[key] = self._spec_class(
+            self._user[key] = self._new_spec(
                 name=name,
                 source="user",
                 provider=(getattr(target, "__module__", "") or "<user>").partition(".")[0],
                 qualified=f"user:{name}",
                 loader=lambda: target,
                 explicit_schema=schema,
-                kind=self.kind,
-                reduce_to=self._reduce_to,
             )
             self._version += 1
             self._warned.discard(key)
@@ -315,6 +312,7 @@ class Registry(ImportPaths):
     def unregister(self, name: str) -> None:
         with self._lock:
             if self._user.pop(normalize(name), None) is None:
-                raise self._not_found(name, ["register_" + self.kind + "() registrations"], close_matches(name, [s.name for s in self._user.values()]))
+                known = [s.name for s in self._user.values()]
+                raise self._not_found(name, [f"register_{self.kind}() registrations"], close_matches(name, known))
             self._version += 1
 
