@@ -515,11 +515,6 @@ def _pointer(name: str, t: Tensor | None, shape: Sequence[int]) -> int | None:
     return None
 
 
-def pointer(name: str, t: Tensor, shape: Sequence[int]) -> int | None:
-    """:func:`_pointer`, for the optimizer's fast path (a parameter and its gradient)."""
-    return _pointer(name, t, shape)
-
-
 def _require(name: str, t: Tensor | None, shape: Sequence[int]) -> int:
     """:func:`_pointer` for a tensor that must go to C: raises what is wrong instead of ``None``."""
     if torch.compiler.is_compiling():
@@ -531,6 +526,10 @@ def _require(name: str, t: Tensor | None, shape: Sequence[int]) -> int:
     if ptr is None:
         raise ValueError(_problem(name, t, shape))
     return ptr
+
+
+#: for the optimizer's own checks of a parameter and its gradient
+pointer = _pointer
 
 
 class Batch:

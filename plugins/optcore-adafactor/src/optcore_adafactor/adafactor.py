@@ -265,11 +265,12 @@ class Adafactor(Optimizer):
                 self._init_state(group, p, state_shapes)
         rest, batched, scalars_of = [], [], {}
         for (group, p), ptrs in zip(work, known):  # fp32 CPU matrices and vectors: all in one C call
+            state = self.state[p]
             if (
                 batch is not None and group["implementation"] in ("auto", "c")
-                and self._add_job(batch, group, p, scale, ptrs, scalars_of)
+                and self._add_job(batch, group, p, state, scale, ptrs, scalars_of)
             ):
-                batched.append(self.state[p])
+                batched.append(state)
             else:
                 rest.append((group, p))
         if batch is not None:
@@ -401,15 +402,14 @@ class Adafactor(Optimizer):
             apply_full_(p, u, exp_avg, lr=lr, beta1=beta1, decay=decay)
 
     def _add_job(
-        self, batch: _cpu_kernel.Batch, group: dict[str, Any], p: Tensor, scale: float, known: tuple[int, ...] | None,
-        scalars_of: dict[tuple[int, int], tuple[float, ...]],
+        self, batch: _cpu_kernel.Batch, group: dict[str, Any], p: Tensor, state: dict[str, Any], scale: float,
+        known: tuple[int, ...] | None, scalars_of: dict[tuple[int, int], tuple[float, ...]],
     ) -> bool:
         """Add the same step of ``p`` to the C batch (Algorithm 4 or 5 in two
         passes over memory, no torch op in between), if the loops take it: an
         fp32 contiguous CPU matrix or vector, and its state likewise. ``known``:
         the state's pointers from :meth:`_known_state`, or ``None`` to check it;
         ``scalars_of``: this step's job scalars by (group, step count)."""
-        state = self.state[p]
         t = state["step"] + 1
         beta1 = group["beta1"]
         scalars = scalars_of.get((id(group), t))  # the parameters of a group mostly share their step count
@@ -420,9 +420,10 @@ class Adafactor(Optimizer):
                 group["clip_threshold"], beta1 or 0.0, group["weight_decay"],
             )
         if known is not None:
-            x, g = _cpu_kernel.pointer("param", p, p.shape), _cpu_kernel.pointer("grad", p.grad, p.shape)
+            shape = p.shape
+            x, g = _cpu_kernel.pointer("param", p, shape), _cpu_kernel.pointer("grad", p.grad, shape)
             if x is not None and g is not None:
-                batch.add_known((p.shape[0], p.shape[1]) if p.dim() == 2 else (p.numel(), 0), x, g, known, scalars)
+                batch.add_known((shape[0], shape[1]) if len(shape) == 2 else (p.numel(), 0), x, g, known, scalars)
                 return True
             self._init_state(group, p, self._check(group, p))  # a new gradient C cannot take: say why, or fall back
         keys = self._state_keys(group, p)
