@@ -449,6 +449,7 @@ def load() -> ctypes.CDLL | None:
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _F32 = torch.float32
+_STRIDED = torch.strided
 
 
 def _plain_cpu_fp32(t: Tensor) -> bool:
@@ -499,7 +500,8 @@ def _pointer(name: str, t: Tensor | None, shape: Sequence[int]) -> int | None:
     10M parameters would be a tenth of the step): the helper still writes
     every message, and a test checks that whatever it refuses is refused here."""
     if (
-        type(t) in _PLAIN and t.is_cpu and t.dtype is _F32 and t.shape == shape and t.is_contiguous()
+        type(t) in _PLAIN and t.is_cpu and t.dtype is _F32 and t.layout is _STRIDED and t.shape == shape
+        and t.is_contiguous()
         and not t.is_neg()
     ):
         numel = t.numel()

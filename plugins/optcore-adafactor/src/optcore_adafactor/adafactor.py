@@ -309,7 +309,7 @@ class Adafactor(Optimizer):
         """Reject what Adafactor cannot step, saying what to do instead; returns
         the shapes of its state (:meth:`_state_shapes`)."""
         grad = p.grad
-        if grad.is_sparse:
+        if grad.layout is not torch.strided:  # COO, CSR, CSC, BSR, BSC
             raise RuntimeError(
                 "Adafactor does not support sparse gradients; use torch.optim.SparseAdam for "
                 "sparse embeddings (e.g. in its own param group), or dense gradients."
