@@ -66,22 +66,31 @@ PEERS = {"enabled": True}
 OURS = ["c", "torch", "compiled"]
 
 
-def implementations(beta1: float | None) -> dict[str, Factory]:
-    """name -> factory for ours and every installed peer."""
+#: hyper-parameters of each mode, for ours and transformers' alike
+MODES = {
+    "relative": {},  # the default everywhere: step size from the step count, scaled by RMS(p)
+    "manual": {"lr": 1e-3, "relative_step": False, "scale_parameter": False},  # an external lr (a schedule)
+}
+
+
+def implementations(beta1: float | None, mode: str) -> dict[str, Factory]:
+    """name -> factory for ours and every installed peer (in manual mode only
+    transformers', whose switches are the same as ours)."""
     from optcore_adafactor import Adafactor
 
+    extra = MODES[mode]
     impls: dict[str, Factory] = {
-        f"optcore_adafactor ({impl})": lambda ps, impl=impl: Adafactor(ps, beta1=beta1, implementation=impl)
+        f"optcore_adafactor ({impl})": lambda ps, impl=impl: Adafactor(ps, beta1=beta1, implementation=impl, **extra)
         for impl in OURS
     }
     peers: dict[str, tuple[str, str, dict]] = {
-        "transformers Adafactor": ("transformers.optimization", "Adafactor", {"beta1": beta1}),
+        "transformers Adafactor": ("transformers.optimization", "Adafactor", {"beta1": beta1, **extra}),
         "pytorch_optimizer.AdaFactor": ("pytorch_optimizer", "AdaFactor", {"lr": None, "betas": (beta1, 0.999)}),
         "timm.optim.Adafactor": ("timm.optim", "Adafactor", {"lr": None, "beta1": beta1}),
     }
     if beta1 is None:
         peers["torch.optim.Adafactor"] = ("torch.optim", "Adafactor", {})
-    if not PEERS["enabled"]:
+    if not PEERS["enabled"] or mode != "relative":
         peers = {k: v for k, v in peers.items() if k == "transformers Adafactor"}  # the x HF column needs it
     for name, (module, attr, kwargs) in peers.items():
         try:
@@ -97,45 +106,59 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
     return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
 
 
-def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float | None, device: str) -> None:
+def floor_seconds(n: int, beta1: float | None, mode: str, add: float, read: float) -> float:
+    """Adafactor's own floor on this machine for ``n`` fp32 parameters: pass 1
+    only reads (g, and p for RMS(p) in relative mode) at the read-only rate;
+    pass 2 reads g and p and writes p, an add's pattern, at the add's rate
+    (with beta1 it also reads and writes m: 8 bytes more at that rate)."""
+    pass1 = (8 if mode == "relative" else 4) * n / read
+    pass2 = (12 if beta1 is None else 20) * n / add
+    return pass1 + pass2
+
+
+def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float | None, device: str, mode: str) -> None:
     params = transformer_shaped(n_params, d_model, device)
     gen = torch.Generator().manual_seed(1)
     for p in params:
         p.grad = (torch.randn(p.shape, generator=gen) * 1e-2).to(device)
     n = sum(p.numel() for p in params)
-    opts = {name: make(params) for name, make in implementations(beta1).items()}
+    opts = {name: make(params) for name, make in implementations(beta1, mode).items()}
     bytes_per_step = 4 * (3 if beta1 is None else 5) * n
-    probe = StreamProbe(device)
+    probe, reads = StreamProbe(device), StreamProbe(device, kind="read")
     times: dict[str, list[float]] = {name: [] for name in opts}
     ratios: dict[str, list[float]] = {name: [] for name in opts}
+    floors: dict[str, list[float]] = {name: [] for name in opts}
     for opt in opts.values():
         opt.step()  # warm-up (state creation, scratch buffers, compilation)
     for _ in range(rounds):
         for name, opt in opts.items():
             opt.step()
-            before = probe()
+            add_before, read_before = probe(), reads()
             sync(device)
             start = time.perf_counter()
             for _ in range(steps):
                 opt.step()
             sync(device)
             seconds = (time.perf_counter() - start) / steps
-            after = probe()
+            add, read = (add_before + probe()) / 2, (read_before + reads()) / 2
             times[name].append(seconds * 1e3)
-            ratios[name].append(seconds / (bytes_per_step / ((before + after) / 2)))
+            ratios[name].append(seconds / (bytes_per_step / add))
+            floors[name].append(seconds / floor_seconds(n, beta1, mode, add, read))
     best = {name: min(ms) for name, ms in times.items()}
     bound = bytes_per_step / probe.median() * 1e3
+    floor = floor_seconds(n, beta1, mode, probe.median(), reads.median()) * 1e3
     hf = best.get("transformers Adafactor", float("nan"))
     where = f"{torch.get_num_threads()} threads" if device == "cpu" else torch.cuda.get_device_name(device)
-    print(f"\n### {n / 1e6:.1f}M parameters (d_model {d_model}, {len(params)} tensors), beta1={beta1}, "
-          f"{where}, stream bandwidth {probe.median() / 1e9:.1f} GB/s median "
-          f"({min(probe.samples) / 1e9:.0f}-{probe.best() / 1e9:.0f}; in-place add_), bound {bound:.1f} ms/step\n")
-    print("| implementation | ms/step (best) | x bound (median of rounds) | x bound (range) | x HF | state MB |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"\n### {n / 1e6:.1f}M parameters (d_model {d_model}, {len(params)} tensors), {mode} mode, beta1={beta1}, "
+          f"{where}; add_ {probe.median() / 1e9:.1f} GB/s median ({min(probe.samples) / 1e9:.0f}-"
+          f"{probe.best() / 1e9:.0f}), read-only {reads.median() / 1e9:.1f} GB/s; bound {bound:.1f} ms/step, "
+          f"Adafactor's floor {floor:.1f} ms = {floor / bound:.2f}x the bound\n")
+    print("| implementation | ms/step (best) | x bound (median of rounds) | x bound (range) | x floor (median) | x HF | state MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name in sorted(opts, key=best.__getitem__):
         r = ratios[name]
         print(f"| {name} | {best[name]:.1f} | {statistics.median(r):.2f} | {min(r):.2f}-{max(r):.2f} | "
-              f"{best[name] / hf:.2f} | {state_bytes(opts[name]) / 1e6:.2f} |")
+              f"{statistics.median(floors[name]):.2f} | {best[name] / hf:.2f} | {state_bytes(opts[name]) / 1e6:.2f} |")
     del opts
     gc.collect()
 
@@ -147,6 +170,7 @@ def main() -> None:
     parser.add_argument("--beta1", type=float, default=None, help="first-moment coefficient (default: none)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: cores)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--modes", default="relative", help="comma-separated from relative, manual (see MODES)")
     parser.add_argument("--ours", default=",".join(OURS), help="optcore implementations to time (c,torch,compiled)")
     parser.add_argument("--peers", default="all", help="'all', or 'none' for optcore's implementations only")
     args = parser.parse_args()
@@ -156,7 +180,8 @@ def main() -> None:
     configs = {"10M": (10e6, 512, 5), "100M": (100e6, 1024, 2)}  # size -> (params, d_model, steps per round)
     for size in args.sizes.split(","):
         n_params, d_model, steps = configs[size.strip()]
-        bench(n_params, d_model, args.rounds, steps, args.beta1, args.device)
+        for mode in args.modes.split(","):
+            bench(n_params, d_model, args.rounds, steps, args.beta1, args.device, mode.strip())
 
 
 if __name__ == "__main__":
