@@ -8,15 +8,26 @@
 All implementations update the same transformer-shaped parameters (attention
 and MLP weights of d x d, 4d x d and d x 4d, plus bias and norm vectors) with
 the same gradients, in relative-step mode (the default everywhere it exists),
-interleaved in rounds in one process; each gets its best round. The bound is
-the memory traffic of a step at the stream bandwidth measured in the same
-rounds (:func:`common.stream_bandwidth`: the best in-place ``a.add_(b)`` over
-256 MB, 12 bytes per element): an fp32 Adafactor step must read p and g and
-write p, 12 bytes per parameter (20 with a first moment: read and write m
-too); the factored statistics are a few KB per matrix. Adafactor's own floor
-is about 1.7x that: the row/column statistics (and RMS(p)) need a pass over g
-before the update may start. Each row shows the ratio to the bound and to
-transformers' Adafactor, side by side. Peers that are not installed are left out.
+interleaved in rounds in one process.
+
+The bound is the memory traffic a step must have, at the stream bandwidth
+(:class:`common.StreamProbe`: one in-place ``a.add_(b)`` over 256 MB, 12 bytes
+per element) measured just before and just after each timed run, so each run
+is held against the bandwidth of its own moment: on this shared VM the probe
+alone swings 2x from second to second, and holding a step's best round
+against the probe's best round, taken seconds apart, mixes two moments.
+"x bound" is the median over rounds of these paired ratios, their range
+beside it; ms/step is each implementation's best round, and "x HF" compares
+best rounds.
+
+An fp32 Adafactor step must read p and g and write p: 12 bytes per parameter
+(20 with a first moment: read and write m too); the factored statistics are a
+few KB per matrix. Adafactor's own floor is higher, because the update may
+only start once the statistics of the whole matrix are known: one pass reads
+g (and p, for RMS(p) with scale_parameter), the second reads g and p and
+writes p. That is 20 bytes per parameter in relative-step mode, 1.67x the
+bound (16 and 1.33x without scale_parameter). Peers that are not installed
+are left out.
 
 optcore's Adafactor runs in each of its implementations: ``c`` (C loops for
 fp32 CPU matrices), ``torch`` (chunked torch ops) and ``compiled`` (the update
@@ -33,12 +44,13 @@ import argparse
 import gc
 import importlib
 import os
+import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
-from common import stream_bandwidth, sync, transformer_shaped  # benchmarks/common.py
+from common import StreamProbe, sync, transformer_shaped  # benchmarks/common.py
 
 Factory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
@@ -54,22 +66,31 @@ PEERS = {"enabled": True}
 OURS = ["c", "torch", "compiled"]
 
 
-def implementations(beta1: float | None) -> dict[str, Factory]:
-    """name -> factory for ours and every installed peer."""
+#: hyper-parameters of each mode, for ours and transformers' alike
+MODES = {
+    "relative": {},  # the default everywhere: step size from the step count, scaled by RMS(p)
+    "manual": {"lr": 1e-3, "relative_step": False, "scale_parameter": False},  # an external lr (a schedule)
+}
+
+
+def implementations(beta1: float | None, mode: str) -> dict[str, Factory]:
+    """name -> factory for ours and every installed peer (in manual mode only
+    transformers', whose switches are the same as ours)."""
     from optcore_adafactor import Adafactor
 
+    extra = MODES[mode]
     impls: dict[str, Factory] = {
-        f"optcore_adafactor ({impl})": lambda ps, impl=impl: Adafactor(ps, beta1=beta1, implementation=impl)
+        f"optcore_adafactor ({impl})": lambda ps, impl=impl: Adafactor(ps, beta1=beta1, implementation=impl, **extra)
         for impl in OURS
     }
     peers: dict[str, tuple[str, str, dict]] = {
-        "transformers Adafactor": ("transformers.optimization", "Adafactor", {"beta1": beta1}),
+        "transformers Adafactor": ("transformers.optimization", "Adafactor", {"beta1": beta1, **extra}),
         "pytorch_optimizer.AdaFactor": ("pytorch_optimizer", "AdaFactor", {"lr": None, "betas": (beta1, 0.999)}),
         "timm.optim.Adafactor": ("timm.optim", "Adafactor", {"lr": None, "beta1": beta1}),
     }
     if beta1 is None:
         peers["torch.optim.Adafactor"] = ("torch.optim", "Adafactor", {})
-    if not PEERS["enabled"]:
+    if not PEERS["enabled"] or mode != "relative":
         peers = {k: v for k, v in peers.items() if k == "transformers Adafactor"}  # the x HF column needs it
     for name, (module, attr, kwargs) in peers.items():
         try:
@@ -85,39 +106,59 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
     return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
 
 
-def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float | None, device: str) -> None:
+def floor_seconds(n: int, beta1: float | None, mode: str, add: float, read: float) -> float:
+    """Adafactor's own floor on this machine for ``n`` fp32 parameters: pass 1
+    only reads (g, and p for RMS(p) in relative mode) at the read-only rate;
+    pass 2 reads g and p and writes p, an add's pattern, at the add's rate
+    (with beta1 it also reads and writes m: 8 bytes more at that rate)."""
+    pass1 = (8 if mode == "relative" else 4) * n / read
+    pass2 = (12 if beta1 is None else 20) * n / add
+    return pass1 + pass2
+
+
+def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float | None, device: str, mode: str) -> None:
     params = transformer_shaped(n_params, d_model, device)
     gen = torch.Generator().manual_seed(1)
     for p in params:
         p.grad = (torch.randn(p.shape, generator=gen) * 1e-2).to(device)
     n = sum(p.numel() for p in params)
-    opts = {name: make(params) for name, make in implementations(beta1).items()}
-    best = {name: float("inf") for name in opts}
-    bandwidth = 0.0
+    opts = {name: make(params) for name, make in implementations(beta1, mode).items()}
+    bytes_per_step = 4 * (3 if beta1 is None else 5) * n
+    probe, reads = StreamProbe(device), StreamProbe(device, kind="read")
+    times: dict[str, list[float]] = {name: [] for name in opts}
+    ratios: dict[str, list[float]] = {name: [] for name in opts}
+    floors: dict[str, list[float]] = {name: [] for name in opts}
     for opt in opts.values():
         opt.step()  # warm-up (state creation, scratch buffers, compilation)
     for _ in range(rounds):
-        bandwidth = max(bandwidth, stream_bandwidth(device))
         for name, opt in opts.items():
             opt.step()
+            add_before, read_before = probe(), reads()
             sync(device)
             start = time.perf_counter()
             for _ in range(steps):
                 opt.step()
             sync(device)
-            best[name] = min(best[name], (time.perf_counter() - start) / steps * 1e3)
-    bytes_per_param = 4 * (3 if beta1 is None else 5)
-    bound = bytes_per_param * n / bandwidth * 1e3
+            seconds = (time.perf_counter() - start) / steps
+            add, read = (add_before + probe()) / 2, (read_before + reads()) / 2
+            times[name].append(seconds * 1e3)
+            ratios[name].append(seconds / (bytes_per_step / add))
+            floors[name].append(seconds / floor_seconds(n, beta1, mode, add, read))
+    best = {name: min(ms) for name, ms in times.items()}
+    bound = bytes_per_step / probe.median() * 1e3
+    floor = floor_seconds(n, beta1, mode, probe.median(), reads.median()) * 1e3
     hf = best.get("transformers Adafactor", float("nan"))
     where = f"{torch.get_num_threads()} threads" if device == "cpu" else torch.cuda.get_device_name(device)
-    print(f"\n### {n / 1e6:.1f}M parameters (d_model {d_model}, {len(params)} tensors), beta1={beta1}, "
-          f"{where}, stream bandwidth {bandwidth / 1e9:.1f} GB/s (in-place add_), "
-          f"bound {bound:.1f} ms/step\n")
-    print("| implementation | ms/step | x bound | x HF | state MB |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"\n### {n / 1e6:.1f}M parameters (d_model {d_model}, {len(params)} tensors), {mode} mode, beta1={beta1}, "
+          f"{where}; add_ {probe.median() / 1e9:.1f} GB/s median ({min(probe.samples) / 1e9:.0f}-"
+          f"{probe.best() / 1e9:.0f}), read-only {reads.median() / 1e9:.1f} GB/s; bound {bound:.1f} ms/step, "
+          f"Adafactor's floor {floor:.1f} ms = {floor / bound:.2f}x the bound\n")
+    print("| implementation | ms/step (best) | x bound (median of rounds) | x bound (range) | x floor (median) | x HF | state MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name in sorted(opts, key=best.__getitem__):
-        print(f"| {name} | {best[name]:.1f} | {best[name] / bound:.2f} | {best[name] / hf:.2f} | "
-              f"{state_bytes(opts[name]) / 1e6:.2f} |")
+        r = ratios[name]
+        print(f"| {name} | {best[name]:.1f} | {statistics.median(r):.2f} | {min(r):.2f}-{max(r):.2f} | "
+              f"{statistics.median(floors[name]):.2f} | {best[name] / hf:.2f} | {state_bytes(opts[name]) / 1e6:.2f} |")
     del opts
     gc.collect()
 
@@ -125,10 +166,11 @@ def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float |
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10M,100M", help="comma-separated from 10M, 100M")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--beta1", type=float, default=None, help="first-moment coefficient (default: none)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: cores)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--modes", default="relative", help="comma-separated from relative, manual (see MODES)")
     parser.add_argument("--ours", default=",".join(OURS), help="optcore implementations to time (c,torch,compiled)")
     parser.add_argument("--peers", default="all", help="'all', or 'none' for optcore's implementations only")
     args = parser.parse_args()
@@ -138,7 +180,8 @@ def main() -> None:
     configs = {"10M": (10e6, 512, 5), "100M": (100e6, 1024, 2)}  # size -> (params, d_model, steps per round)
     for size in args.sizes.split(","):
         n_params, d_model, steps = configs[size.strip()]
-        bench(n_params, d_model, args.rounds, steps, args.beta1, args.device)
+        for mode in args.modes.split(","):
+            bench(n_params, d_model, args.rounds, steps, args.beta1, args.device, mode.strip())
 
 
 if __name__ == "__main__":

@@ -60,20 +60,38 @@ class StreamProbe:
 
     Each call times one in-place add over fp32 tensors of ``numel`` elements
     (allocated once) and returns bytes per second, counting 12 bytes per element
-    (read a, read b, write a)."""
+    (read a, read b, write a).
 
-    def __init__(self, device: str = "cpu", numel: int = 1 << 26) -> None:
-        self.device, self.numel = device, numel
-        self.a, self.b = torch.randn(numel, device=device), torch.randn(numel, device=device)
-        self.a.add_(self.b)  # first touch: page faults and lazy init are not bandwidth
+    ``kind="read"`` times ``a.sum()`` instead (4 bytes per element, nothing
+    written): the rate of a pass that only reads, which on some machines is
+    not the add's. On the 2-vCPU AMD EPYC VM these benchmarks ran on, a
+    read-only pass moves about 30 GB/s against the add's ~45 (counting 12 B):
+    both handle the same number of elements per second, so reads are what
+    limits, and the add's write comes nearly free (``bench_adafactor`` holds
+    its two passes against both probes)."""
+
+    def __init__(self, device: str = "cpu", numel: int = 1 << 26, kind: str = "add") -> None:
+        if kind not in ("add", "read"):
+            raise ValueError(f"kind must be 'add' or 'read', not {kind!r}")
+        self.device, self.numel, self.kind = device, numel, kind
+        self.a = torch.randn(numel, device=device)
+        self.b = torch.randn(numel, device=device) if kind == "add" else None
+        self._run()  # first touch: page faults and lazy init are not bandwidth
         self.samples: list[float] = []
+
+    def _run(self) -> None:
+        if self.b is not None:
+            self.a.add_(self.b)
+        else:
+            self.a.sum()
 
     def __call__(self) -> float:
         sync(self.device)
         start = time.perf_counter()
-        self.a.add_(self.b)
+        self._run()
         sync(self.device)
-        self.samples.append(12 * self.numel / (time.perf_counter() - start))
+        moved = (12 if self.b is not None else 4) * self.numel
+        self.samples.append(moved / (time.perf_counter() - start))
         return self.samples[-1]
 
     def median(self) -> float:

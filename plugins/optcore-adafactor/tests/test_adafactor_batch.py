@@ -168,7 +168,98 @@ def test_batch_refuses_mismatched_state_strictly_and_falls_back_otherwise() -> N
     scalars = (0.5, 1.0, 1e-30, 1e-3, 1e-2, 1.0, 0.0, 0.0)
     batch = _cpu_kernel.Batch.new()
     assert batch is not None
-    assert batch.add(w, g, None, (row, col), None, scalars) is False and len(batch) == 0
+    assert batch.add(w, g, None, (row, col), None, scalars) is None and len(batch) == 0
     with pytest.raises(ValueError, match=r"exp_avg_sq_col is torch.float64, not torch.float32"):
         batch.add(w, g, None, (row, col), None, scalars, strict=True)
-    assert batch.add(w, g, None, (row, col.float()), None, scalars) is True and len(batch) == 1
+    assert batch.add(w, g, None, (row, col.float()), None, scalars) is not None and len(batch) == 1
+
+
+def _stepped(beta1: float | None = None) -> tuple[torch.Tensor, torch.Tensor, Adafactor]:
+    """A matrix, a vector, and an optimizer that has stepped both once in C."""
+    matrix, vector = torch.randn(16, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    opt = Adafactor([matrix, vector], beta1=beta1)
+    for p in (matrix, vector):
+        p.grad = torch.randn_like(p)
+    opt.step()
+    return matrix, vector, opt
+
+
+def test_state_the_loops_took_is_not_checked_again_but_other_parameters_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second step of unchanged fp32 state skips the state check (the
+    Python time of a step on many small tensors); a torch-path parameter is
+    checked every step."""
+    matrix, vector, opt = _stepped()
+    other = torch.randn(6, 4, dtype=torch.bfloat16, requires_grad=True)
+    opt.add_param_group({"params": [other]})
+    other.grad = torch.randn_like(other)
+    checked: list[torch.Tensor] = []
+    check = Adafactor._check
+    monkeypatch.setattr(Adafactor, "_check", lambda self, group, p: (checked.append(p), check(self, group, p))[1])
+    opt.step()
+    assert [p is other for p in checked] == [True]
+    opt.step()
+    assert [p is other for p in checked] == [True, True]
+    assert all(opt.state[p]["step"] == s for p, s in ((matrix, 3), (vector, 3), (other, 2)))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["replaced, wrong shape", "resized in place", "loaded from another model", "storage freed"],
+)
+def test_state_changed_between_steps_is_checked_again(change: str) -> None:
+    """Whatever happened to the state since the loops took it, the step sees
+    it: a replaced or resized tensor, a checkpoint of another model, freed
+    memory. The error is the one a first step gives, and nothing moves."""
+    matrix, vector, opt = _stepped()
+    state = opt.state[matrix]
+    if change == "replaced, wrong shape":
+        state["exp_avg_sq_row"] = torch.zeros(4)
+        error, match = RuntimeError, r"'exp_avg_sq_row' of parameter #0 .* has shape \(4,\), expected \(16,\)"
+    elif change == "resized in place":
+        state["exp_avg_sq_col"].resize_(3)
+        error, match = RuntimeError, r"'exp_avg_sq_col' of parameter #0 .* has shape \(3,\), expected \(8,\)"
+    elif change == "loaded from another model":
+        other, _, other_opt = _stepped()
+        saved = other_opt.state_dict()
+        saved["state"][0]["exp_avg_sq_row"] = torch.zeros(5)
+        opt.load_state_dict(saved)
+        error, match = RuntimeError, r"has shape \(5,\), expected \(16,\).*belongs to another model"
+    else:
+        state["exp_avg_sq_row"].untyped_storage().resize_(0)
+        error, match = ValueError, r"has no allocated storage of its size \(freed"
+    for p in (matrix, vector):
+        p.grad = torch.randn_like(p)
+    before = [p.detach().clone() for p in (matrix, vector)]
+    with pytest.raises(error, match=match):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, (matrix, vector)))
+
+
+def test_a_new_gradient_the_loops_cannot_take_is_checked_or_stepped_by_torch() -> None:
+    """The state is known, the gradient is new every step: a sparse one gets
+    the first step's error, a non-contiguous one the torch path, same numbers."""
+    torch.manual_seed(0)
+    matrix, vector, opt = _stepped()
+    torch.manual_seed(0)
+    twin, twin_vector, twin_opt = _stepped()
+    for group in twin_opt.param_groups:
+        group["implementation"] = "torch"
+    matrix.grad = torch.randn(16, 8).to_sparse()
+    with pytest.raises(RuntimeError, match="does not support sparse gradients"):
+        opt.step()
+    grad = torch.randn(8, 16).t()  # non-contiguous: the torch path takes it
+    matrix.grad, twin.grad = grad, grad.clone()
+    vector.grad = twin_vector.grad = None
+    opt.step()
+    twin_opt.step()
+    assert opt.state[matrix]["step"] == 2
+    _assert_close(matrix, twin, 1e-6)
+
+
+def test_switching_on_a_first_moment_after_a_step_creates_its_state() -> None:
+    matrix, vector, opt = _stepped()
+    opt.param_groups[0]["beta1"] = 0.9
+    for p in (matrix, vector):
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert opt.state[matrix]["exp_avg"].shape == matrix.shape and opt.state[matrix]["exp_avg"].abs().sum() > 0

@@ -449,6 +449,7 @@ def load() -> ctypes.CDLL | None:
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _F32 = torch.float32
+_STRIDED = torch.strided
 
 
 def _plain_cpu_fp32(t: Tensor) -> bool:
@@ -499,7 +500,8 @@ def _pointer(name: str, t: Tensor | None, shape: Sequence[int]) -> int | None:
     10M parameters would be a tenth of the step): the helper still writes
     every message, and a test checks that whatever it refuses is refused here."""
     if (
-        type(t) in _PLAIN and t.is_cpu and t.dtype is _F32 and t.shape == shape and t.is_contiguous()
+        type(t) in _PLAIN and t.is_cpu and t.dtype is _F32 and t.layout is _STRIDED and t.shape == shape
+        and t.is_contiguous()
         and not t.is_neg()
     ):
         numel = t.numel()
@@ -526,6 +528,10 @@ def _require(name: str, t: Tensor | None, shape: Sequence[int]) -> int:
     if ptr is None:
         raise ValueError(_problem(name, t, shape))
     return ptr
+
+
+#: for the optimizer's own checks of a parameter and its gradient
+pointer = _pointer
 
 
 class Batch:
@@ -560,47 +566,47 @@ class Batch:
     def add(
         self, param: Tensor, grad: Tensor, exp_avg: Tensor | None, stats: Sequence[Tensor], rms: Tensor | None,
         scalars: tuple[float, float, float, float, float, float, float, float], *, strict: bool = False,
-    ) -> bool:
+    ) -> tuple[int, ...] | None:
         """Add the step of one parameter: a matrix (``stats`` = row, col
         statistics) or a vector or scalar (``stats`` = the full second moment).
         ``rms`` (the 0-dim state, or ``None`` without scale_parameter) receives
         RMS(X). ``scalars``: beta2t, inv_scale, eps1, eps2, rho, clip_threshold,
-        beta1, weight_decay. Returns whether it was added; a tensor the loops
-        cannot take makes it ``False`` (with ``strict``: a ``ValueError`` saying why)."""
+        beta1, weight_decay. Returns the state's pointers (exp_avg, stats, rms;
+        0 for an absent one) if it was added, so :meth:`add_known` can take the
+        same state next step unchecked; ``None`` if a tensor is one the loops
+        cannot take (with ``strict``: a ``ValueError`` saying why)."""
         shape = param.shape
         check = _require if strict else _pointer
         if len(shape) == 2 and len(stats) == 2:
             n, m = shape
-            x = check("param", param, shape)
-            ptrs = (
-                x, check("grad", grad, shape),
-                None if exp_avg is None else check("exp_avg", exp_avg, shape),
-                check("exp_avg_sq_row", stats[0], (n,)), check("exp_avg_sq_col", stats[1], (m,)),
-                None if rms is None else check("RMS", rms, ()),
-            )
+            stat_shapes: tuple[tuple[int, ...], ...] = ((n,), (m,))
+            names = ("exp_avg_sq_row", "exp_avg_sq_col")
             dims = (n, m)
         elif len(shape) <= 1 and len(stats) == 1:
-            x = check("param", param, shape)
-            ptrs = (
-                x, check("grad", grad, shape),
-                None if exp_avg is None else check("exp_avg", exp_avg, shape),
-                check("exp_avg_sq", stats[0], shape), None,
-                None if rms is None else check("RMS", rms, ()),
-            )
-            dims = (param.numel(), 0)
+            stat_shapes, names, dims = (shape,), ("exp_avg_sq",), (param.numel(), 0)
         elif strict:
             raise ValueError(f"Adafactor C kernel: param of shape {tuple(shape)} is neither a matrix nor a vector.")
         else:
-            return False
-        mom, rms_ptr = ptrs[2], ptrs[5]
-        if None in ptrs[:2] or None in ptrs[3 : 3 + len(stats)] or (exp_avg is None) != (mom is None) or (
-            (rms is None) != (rms_ptr is None)
-        ):
-            return False
+            return None
+        x, g = check("param", param, shape), check("grad", grad, shape)
+        mom = None if exp_avg is None else check("exp_avg", exp_avg, shape)
+        stat_ptrs = [check(name, t, s) for name, t, s in zip(names, stats, stat_shapes)]
+        rms_ptr = None if rms is None else check("RMS", rms, ())
+        if None in (x, g, *stat_ptrs) or (exp_avg is None) != (mom is None) or (rms is None) != (rms_ptr is None):
+            return None
+        state = (mom or 0, stat_ptrs[0], stat_ptrs[1] if len(stat_ptrs) == 2 else 0, rms_ptr or 0)
+        self.add_known(dims, x, g, state, scalars)  # type: ignore[arg-type]
+        return state
+
+    def add_known(
+        self, dims: tuple[int, int], x: int, g: int, state: tuple[int, ...], scalars: tuple[float, ...]
+    ) -> None:
+        """Add a job whose pointers were all checked (:func:`_pointer`): ``x``
+        and ``g`` this step, ``state`` (exp_avg, row or v, col, rms) by
+        :meth:`add` on the same tensors, holding the same memory."""
         self.dims.extend(dims)
-        self.ptrs.extend((ptrs[0], ptrs[1], mom or 0, ptrs[3], ptrs[4] or 0, rms_ptr or 0))
+        self.ptrs.extend((x, g, *state))
         self.scalars.extend(scalars)
-        return True
 
     def run(self, out: ctypes.Array | None = None) -> None:
         """Step every job added (nothing if none); ``out`` receives three
