@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from ._errors import ConfigError
@@ -192,7 +191,3 @@ def _hashable(v: Any) -> Any:
     if isinstance(v, dict):
         return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
     return v
-
-
-def all_params(groups: list[Mapping[str, Any]]) -> list[torch.Tensor]:
-    return [p for g in groups for p in g["params"]]
