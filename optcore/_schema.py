@@ -77,30 +77,18 @@ def _fields_at(schema: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
 #: Other spellings of well-known hyper-parameters (other libraries' names,
 #: abbreviations), used to answer an unknown field with the right one.
 ALIASES: dict[str, str] = {
-    "wd": "weight_decay",
-    "weight_decay_rate": "weight_decay",
-    "l2": "weight_decay",
-    "l2_reg": "weight_decay",
-    "decay": "weight_decay",
-    "learning_rate": "lr",
-    "lr_rate": "lr",
-    "step_size": "lr",
-    "epsilon": "eps",
-    "adam_epsilon": "eps",
-    "beta1": "betas",
-    "beta2": "betas",
-    "beta_1": "betas",
-    "beta_2": "betas",
-    "b1": "betas",
-    "b2": "betas",
-    "adam_beta1": "betas",
-    "adam_beta2": "betas",
-    "mom": "momentum",
-    "momentum_factor": "momentum",
-    "use_nesterov": "nesterov",
-    "nesterov_momentum": "nesterov",
-    "amsbound": "amsgrad",
-    "decoupled": "decoupled_weight_decay",
+    alias: name
+    for name, aliases in {
+        "weight_decay": "wd weight_decay_rate l2 l2_reg decay",
+        "lr": "learning_rate lr_rate step_size",
+        "eps": "epsilon adam_epsilon",
+        "betas": "beta1 beta2 beta_1 beta_2 b1 b2 adam_beta1 adam_beta2",
+        "momentum": "mom momentum_factor",
+        "nesterov": "use_nesterov nesterov_momentum",
+        "amsgrad": "amsbound",
+        "decoupled_weight_decay": "decoupled",
+    }.items()
+    for alias in aliases.split()
 }
 #: Hyper-parameters every optimizer user knows: when one is not a field of
 #: this optimizer, say so instead of offering a far-fetched close name.
@@ -252,10 +240,7 @@ def schema_from_signature(
         if isinstance(annotation, str):  # an unresolved string annotation says nothing pydantic can use
             annotation = inspect.Parameter.empty
         typ = _annotation_for(param.default, annotation)
-        if param.default is inspect.Parameter.empty:
-            fields[param.name] = (typ, ...)
-        else:
-            fields[param.name] = (typ, param.default)
+        fields[param.name] = (typ, ... if param.default is inspect.Parameter.empty else param.default)
     model_name = f"{name or getattr(target, '__name__', 'Optimizer')}Config"
     try:
         model = create_model(model_name, __base__=HParams, **fields)
