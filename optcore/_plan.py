@@ -35,11 +35,7 @@ PARAM_KEYS = ("param_groups", "no_decay", "optim_args")
 #: Config keys known to come from plugin distributions, for the error when no
 #: installed plugin claims one. A hint only: what the keys mean is the plugin's
 #: business (it rewrites them, see :func:`optcore._hooks.rewrite_config`).
-PLUGIN_KEY_HINTS = {
-    "precision": "optcore-fp16",
-    "memory_efficient": "optcore-fp16",
-    "loss_scaler": "optcore-fp16",
-}
+PLUGIN_KEY_HINTS = dict.fromkeys(("precision", "memory_efficient", "loss_scaler"), "optcore-fp16")
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,7 @@ def _boolean_numbers(schema: type[BaseModel], values: Mapping[str, Any]) -> list
     by_alias = {info.alias: info for info in fields.values() if isinstance(info.alias, str)}
     problems = []
     for key, value in values.items():
-        info = fields.get(key) if isinstance(key, str) else None
-        info = info or (by_alias.get(key) if isinstance(key, str) else None)
+        info = (fields.get(key) or by_alias.get(key)) if isinstance(key, str) else None
         boolish = isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("true", "false"))
         if info is not None and boolish and not _admits_bool(info.annotation):
             problems.append((key, f"a boolean is not a number; write a number (got {short_repr(value)})"))
@@ -123,9 +122,7 @@ def _problem(err: Any, schema: type[BaseModel], target: str) -> tuple[str, str]:
         return field, _suggestion(str(loc[-1]), nested, target if len(loc) == 1 else field)
     if kind == "missing":
         return field, "required: this field has no default, set it"
-    msg = clean_text(str(err.get("msg", "invalid value")), 300)
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
+    msg = clean_text(str(err.get("msg", "invalid value")), 300).removeprefix("Value error, ")
     return field, f"{msg} (got {short_repr(err.get('input'))})"
 
 
