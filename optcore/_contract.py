@@ -87,7 +87,7 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         gives each group its own value. A group whose ``lr`` is a tensor keeps
         that tensor and is filled in place (compiled steps see no new value)."""
         if isinstance(lr, (int, float)) or (isinstance(lr, Tensor) and lr.ndim == 0):
-            values = [lr * g.get("lr_scale", 1.0) if g.get("lr_scale", 1.0) != 1.0 else lr for g in self.param_groups]
+            values = [lr * g.get("lr_scale", 1.0) for g in self.param_groups]
         else:
             values = list(lr)
             if len(values) != len(self.param_groups):

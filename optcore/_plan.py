@@ -223,10 +223,9 @@ def _choose_implementation(
     path at 100M params on CPU). Writes the choice into ``hparams``."""
     if spec.source != "torch" or "fused" not in hparams:
         return None
-    if explicit & {"fused", "foreach"} or hparams.get("differentiable") or hparams.get("capturable"):
-        return "fused" if hparams.get("fused") else ("foreach" if hparams.get("foreach") else None)
-    hparams["fused"] = fused_supported([p for g in groups for p in g["params"]])
-    return "fused" if hparams["fused"] else None
+    if not (explicit & {"fused", "foreach"} or hparams.get("differentiable") or hparams.get("capturable")):
+        hparams["fused"] = fused_supported([p for g in groups for p in g["params"]])
+    return "fused" if hparams.get("fused") else ("foreach" if hparams.get("foreach") else None)
 
 
 def fused_supported(params: list[torch.Tensor]) -> bool:
