@@ -10,63 +10,32 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._errors import (
-    ConfigError,
-    OptcoreError,
-    OptimizerNotFoundError,
-    PluginLoadError,
-    SchedulerNotFoundError,
-)
-
+from ._errors import ConfigError, OptcoreError, OptimizerNotFoundError, PluginLoadError, SchedulerNotFoundError
 from ._version import __version__
 
-# public name -> module that defines it
+#: public name -> the module that defines it (the TYPE_CHECKING block below
+#: says the same to type checkers; tests/test_architecture.py keeps them equal)
 _LAZY = {
-    "Optimizer": "._contract",
-    "ContractMixin": "._contract",
-    "GroupSelector": "._contract",
-    "by_device_and_dtype": "._grads",
-    "total_grad_norm": "._grads",
-    "adapt": "._adapt",
-    "HParams": "._fields",
-    "validate_hparams": "._schema",
-    "schema_from_signature": "._schema",
-    "parse_optim_args": "._literals",
-    "parse_literal": "._literals",
-    "LR": "._fields",
-    "Beta": "._fields",
-    "Betas": "._fields",
-    "Eps": "._fields",
-    "WeightDecay": "._fields",
-    "Momentum": "._fields",
-    "Flag": "._fields",
-    "OptionalFlag": "._fields",
-    "Literalish": "._fields",
-    "OptimizerSpec": "._spec",
-    "Capabilities": "._spec",
-    "resolve": "._registry",
-    "list_optimizers": "._registry",
-    "register_optimizer": "._registry",
-    "unregister_optimizer": "._registry",
-    "build_optimizer": "._build",
-    "construct": "._build",
-    "plan": "._plan",
-    "BuildPlan": "._plan",
-    "build_param_groups": "._params",
-    "unwrap": ".integrations.unwrap",
-    "hookimpl": "._hooks",
-    "hookspec": "._hooks",
-    "get_plugin_manager": "._hooks",
-    "build_scheduler": ".schedulers",
-    "build": "._build",
-    "register_scheduler": ".schedulers",
-    "resolve_scheduler": ".schedulers",
-    "list_schedulers": ".schedulers",
-    "unregister_scheduler": ".schedulers",
-    "validate_scheduler_config": ".schedulers",
-    "SchedulerSpec": ".schedulers",
-    "add_args": ".integrations.argparse",
-    "config_from_args": ".integrations.argparse",
+    name: module
+    for module, names in {
+        "._contract": "Optimizer ContractMixin GroupSelector",
+        "._grads": "by_device_and_dtype total_grad_norm",
+        "._adapt": "adapt",
+        "._fields": "HParams LR Beta Betas Eps WeightDecay Momentum Flag OptionalFlag Literalish",
+        "._schema": "validate_hparams schema_from_signature",
+        "._literals": "parse_optim_args parse_literal",
+        "._spec": "OptimizerSpec Capabilities",
+        "._registry": "resolve list_optimizers register_optimizer unregister_optimizer",
+        "._build": "build_optimizer construct build",
+        "._plan": "plan BuildPlan",
+        "._params": "build_param_groups",
+        ".integrations.unwrap": "unwrap",
+        "._hooks": "hookimpl hookspec get_plugin_manager",
+        ".schedulers": "build_scheduler register_scheduler resolve_scheduler list_schedulers unregister_scheduler "
+        "validate_scheduler_config SchedulerSpec",
+        ".integrations.argparse": "add_args config_from_args",
+    }.items()
+    for name in names.split()
 }
 
 __all__ = [
@@ -96,13 +65,24 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ._adapt import adapt
     from ._build import build, build_optimizer, construct
-    from ._plan import BuildPlan, plan
-    from ._contract import ContractMixin, Optimizer
+    from ._contract import ContractMixin, GroupSelector, Optimizer
+    from ._fields import LR, Beta, Betas, Eps, Flag, HParams, Literalish, Momentum, OptionalFlag, WeightDecay
+    from ._grads import by_device_and_dtype, total_grad_norm
     from ._hooks import get_plugin_manager, hookimpl, hookspec
-    from ._params import build_param_groups
-    from ._registry import list_optimizers, register_optimizer, resolve, unregister_optimizer
-    from ._fields import HParams
     from ._literals import parse_literal, parse_optim_args
+    from ._params import build_param_groups
+    from ._plan import BuildPlan, plan
+    from ._registry import list_optimizers, register_optimizer, resolve, unregister_optimizer
     from ._schema import schema_from_signature, validate_hparams
     from ._spec import Capabilities, OptimizerSpec
+    from .integrations.argparse import add_args, config_from_args
     from .integrations.unwrap import unwrap
+    from .schedulers import (
+        SchedulerSpec,
+        build_scheduler,
+        list_schedulers,
+        register_scheduler,
+        resolve_scheduler,
+        unregister_scheduler,
+        validate_scheduler_config,
+    )

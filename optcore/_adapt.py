@@ -9,7 +9,9 @@ an adapted optimizer pickles and deep-copies like the original.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import itertools
 import sys
 import threading
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 
 from ._contract import ContractMixin, param_groups_assignable
+from ._torch_facts import PASSES_CLOSURE, SINGLE_GROUP, TORCH_FACTS
 
 _cache: dict[type, type] = {}
 _lock = threading.Lock()
@@ -31,16 +34,13 @@ class _FusedScaleMixin(ContractMixin):
     def supports_step_with_scale(self) -> bool:
         return bool(self.param_groups) and all(g.get("fused") for g in self.param_groups)
 
-    def _folds_scale(self) -> bool:
-        return self.supports_step_with_scale
-
-    def _step_with_grad_scale(self, scale: float) -> None:
-        first = self.param_groups[0]["params"][0]
+    def _scaled_step(self, scale: float) -> None:
+        if scale == 1.0 or not self.supports_step_with_scale:
+            return super()._scaled_step(scale)
+        device = self.param_groups[0]["params"][0].device
         previous = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler
-        combined = grad_scale_tensor(scale, first)
-        if previous is not None:
-            combined = combined * previous.to(combined.device)
-        self.grad_scale = combined
+        combined = torch.as_tensor(scale, dtype=torch.float32, device=device)  # what fused kernels take
+        self.grad_scale = combined if previous is None else combined * previous.to(device)
         try:
             self._base_step(None)
         finally:
@@ -48,13 +48,6 @@ class _FusedScaleMixin(ContractMixin):
                 del self.grad_scale
             else:
                 self.grad_scale = previous
-
-
-def grad_scale_tensor(scale: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``scale`` as a float32 scalar tensor on ``like``'s device (what fused kernels take)."""
-    if isinstance(scale, torch.Tensor):
-        return scale.to(device=like.device, dtype=torch.float32)
-    return torch.tensor(float(scale), dtype=torch.float32, device=like.device)
 
 
 def _class_flags(
@@ -67,8 +60,6 @@ def _class_flags(
     Prodigy and Adai pool statistics over all groups) unless the class declares
     them. A read-only ``param_groups`` (wrappers) rules out group selection.
     """
-    from ._torch_facts import PASSES_CLOSURE, SINGLE_GROUP, TORCH_FACTS
-
     is_torch = cls.__module__.startswith("torch.optim") and cls.__name__ in TORCH_FACTS
     pointwise, takes_grad_scale = TORCH_FACTS[cls.__name__] if is_torch else (False, False)
     flat = getattr(cls, "supports_flat_params", pointwise) if flat_params is None else flat_params
@@ -119,19 +110,14 @@ def _original_step(cls: type, passes_closure: bool) -> Any:
     gives for torch's own LBFGS.step; otherwise through ``torch._disable_dynamo``,
     torch's lazy form of the same (what ``torch.optim`` uses), which imports
     dynamo (~1 s) on the step's first call, so ``optcore list`` never pays for it."""
-    step = _unhooked(inspect.getattr_static(cls, "step"))
+    step = inspect.getattr_static(cls, "step")
+    while getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):  # torch's profile_hook_step
+        step = step.__wrapped__
     if not passes_closure:
         return step
     if "torch._dynamo" in sys.modules:
         return torch.compiler.disable(step, reason=f"optimizer {cls} step not supported")
     return torch._disable_dynamo(step)
-
-
-def _unhooked(func: Any) -> Any:
-    """``func`` without torch's ``profile_hook_step`` wrapper(s)."""
-    while getattr(func, "hooked", False) and hasattr(func, "__wrapped__"):
-        func = func.__wrapped__
-    return func
 
 
 def adapt(
@@ -180,12 +166,8 @@ CONTRACT_MEMBERS = (
 
 
 def _defined_below_torch(cls: type, member: str) -> bool:
-    for klass in cls.__mro__:
-        if klass in (torch.optim.Optimizer, object):
-            return False
-        if member in vars(klass):
-            return True
-    return False
+    below = itertools.takewhile(lambda k: k not in (torch.optim.Optimizer, object), cls.__mro__)
+    return any(member in vars(klass) for klass in below)
 
 
 def _public_name(cls: type) -> str:
@@ -201,27 +183,18 @@ def __getattr__(name: str) -> type:
     if name in torch.optim.__dict__ and isinstance(torch.optim.__dict__[name], type):
         return adapt(torch.optim.__dict__[name])
     module, sep, cls_name = name.rpartition("__")
-    if sep:
-        import importlib
-
-        for candidate in _module_candidates(module):
-            try:
-                if not candidate or candidate.startswith("."):
-                    continue
-                target = getattr(importlib.import_module(candidate), cls_name)
-            except (ImportError, AttributeError):
-                continue
-            return adapt(target)
+    for candidate in _module_candidates(module) if sep else ():
+        try:
+            target = getattr(importlib.import_module(candidate), cls_name)
+        except (ImportError, AttributeError):
+            continue
+        return adapt(target)
     raise AttributeError(name)
 
 
 def _module_candidates(mangled: str) -> list[str]:
-    # "pkg_sub_mod" could be pkg.sub_mod or pkg_sub.mod: try the dotted splits.
-    parts = mangled.split("_")
-    out = []
-    for mask in range(1 << max(len(parts) - 1, 0)):
-        name = parts[0]
-        for i, part in enumerate(parts[1:]):
-            name += ("." if mask >> i & 1 else "_") + part
-        out.append(name)
-    return out
+    """``pkg_sub_mod`` could be ``pkg.sub_mod`` or ``pkg_sub.mod``: every dotted split."""
+    first, *rest = mangled.split("_")
+    seps = (reversed(seps) for seps in itertools.product("_.", repeat=len(rest)))
+    splits = (first + "".join(s + p for s, p in zip(sep, rest)) for sep in seps)
+    return [m for m in splits if m and not m.startswith(".")]

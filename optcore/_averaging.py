@@ -1,9 +1,8 @@
 """``average_params``: the contract's all-reduce average over ``torch.distributed`` ranks.
 
-Its own module because it is the contract's one collective: it needs the
-ranks to agree before it moves any data (a flat all-reduce over buffers of
-different sizes aborts the process instead of failing), which is a concern
-no other member has.
+Its own module because it is the contract's one collective: the ranks must
+agree before any data moves (a flat all-reduce over buffers of different
+sizes aborts the process instead of failing).
 """
 
 from __future__ import annotations
@@ -64,23 +63,16 @@ class AveragingMixin:
                 offset += n
 
 
-
-def _signature(tensors: Sequence[Tensor]) -> list[int]:
-    """(count, elements, checksum of every dtype and shape) of what a rank averages."""
-    layout = ";".join(f"{t.dtype}{tuple(t.shape)}" for t in tensors).encode()
-    return [len(tensors), sum(t.numel() for t in tensors), zlib.crc32(layout)]
-
-
 def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
     """Raise the same :class:`ConfigError` on every rank unless all ranks average
-    the same tensors: a flat all-reduce over buffers of different sizes aborts
-    the process (gloo: SIGABRT) instead of failing. One all-gather of three
-    integers per call."""
+    the same tensors (gloo aborts with SIGABRT otherwise). One all-gather of three
+    integers (count, elements, checksum of every dtype and shape) per call."""
     dist = torch.distributed
     device = tensors[0].device if tensors else torch.device("cpu")
     if dist.get_backend(group) == "nccl" and device.type != "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
-    mine = torch.tensor(_signature(tensors), dtype=torch.int64, device=device)
+    layout = zlib.crc32(";".join(f"{t.dtype}{tuple(t.shape)}" for t in tensors).encode())
+    mine = torch.tensor([len(tensors), sum(t.numel() for t in tensors), layout], dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
     signatures = [t.tolist() for t in gathered]

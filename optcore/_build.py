@@ -66,18 +66,6 @@ def _call(spec: Any, groups: list[dict[str, Any]], kwargs: dict[str, Any]) -> An
     return optimizer
 
 
-def implementation_of(optimizer: torch.optim.Optimizer) -> str:
-    """``"fused"``, ``"foreach"`` or ``"for-loop"``: the path a torch optimizer takes."""
-    groups = optimizer.param_groups
-    if groups and all(g.get("fused") for g in groups):
-        return "fused"
-    if groups and all(g.get("foreach") for g in groups):
-        return "foreach"
-    if groups and all(g.get("foreach") is None and not g.get("fused") for g in groups) and "foreach" in groups[0]:
-        return "default (foreach when all params are on an accelerator, else for-loop)"
-    return "for-loop" if groups and "foreach" in groups[0] else "the class's own step"
-
-
 def build(
     config: Any, model: Any, num_training_steps: int | None = None, *, allow_import_paths: bool | None = None
 ) -> tuple[Any, Any]:

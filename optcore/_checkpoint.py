@@ -25,8 +25,7 @@ _QUANTISED = ("uint8", "int8")
 
 
 class CheckpointMixin:
-    """The contract's checkpoint members, for :class:`~optcore._contract.ContractMixin`:
-    they read ``optcore_spec`` (set by the build), ``param_groups`` and ``defaults``."""
+    """The contract's checkpoint members; they read ``optcore_spec`` (set by the build)."""
 
     param_groups: list[dict[str, Any]]
     defaults: dict[str, Any]
@@ -55,9 +54,9 @@ class CheckpointMixin:
             for index, param in zip(saved.get("params", ()), group["params"]):
                 if index in state_dict.get("state", {}):
                     shapes[index] = list(param.shape)
-        state_dict["optcore"] = {
-            "name": spec.name, "provider": spec.provider, "version": _version_text(spec.version), "param_shapes": shapes,
-        }
+        # a plain str: torch's TorchVersion would not load with weights_only=True
+        version = None if spec.version is None else str.__str__(spec.version)
+        state_dict["optcore"] = {"name": spec.name, "provider": spec.provider, "version": version, "param_shapes": shapes}
         return state_dict
 
     def load_state_dict(  # type: ignore[override]
@@ -65,14 +64,11 @@ class CheckpointMixin:
         state_dict: Mapping[str, Any],
         optimizer_overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        """Load ``state_dict``, then replace hyper-parameters of every loaded
-        group with ``optimizer_overrides`` (for example a new ``lr`` on resume).
-
-        Checked first, so a wrong checkpoint changes nothing: state saved by
-        another optimizer, or for parameters of other shapes, is a
-        :class:`ConfigError`; another version of the same optimizer loads with a
-        warning. A plain torch state dict (no ``"optcore"`` entry) loads as in torch.
-        """
+        """Load ``state_dict`` once it passes the module's checks (another version
+        of the same optimizer loads with a warning; a plain torch state dict, with
+        no ``"optcore"`` entry, is checked against the parameters only), then replace
+        hyper-parameters of every loaded group with ``optimizer_overrides`` (for
+        example a new ``lr`` on resume)."""
         state_dict = check_state_dict(self, state_dict)
         super().load_state_dict(state_dict)  # type: ignore[misc]
         if optimizer_overrides:
@@ -94,11 +90,6 @@ class CheckpointMixin:
                     else:
                         group[key] = value
             self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
-
-
-def _version_text(version: Any) -> str | None:
-    """A plain ``str`` (torch's ``TorchVersion`` would not load with ``weights_only=True``)."""
-    return None if version is None else str.__str__(version)
 
 
 def check_state_dict(optimizer: Any, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -143,7 +134,8 @@ def _check_shapes(optimizer: Any, state_dict: Mapping[str, Any], saved_shapes: A
     groups, state = state_dict.get("param_groups"), state_dict.get("state")
     if not isinstance(groups, list) or not isinstance(state, Mapping):
         return
-    known_layout = _has_known_layout(optimizer)
+    # torch's own classes have known state layouts (see _mismatch)
+    known_layout = getattr(type(optimizer), "adapted_from", type(optimizer)).__module__.startswith("torch.optim")
     position = 0
     for g, (saved, group) in enumerate(zip(groups, optimizer.param_groups)):
         for i, (index, param) in enumerate(zip(saved.get("params", ()), group["params"])):
@@ -180,8 +172,3 @@ def _mismatch(param: Tensor, entry: Mapping[str, Any], saved_shape: Any, known_l
             if any(v not in (p, 1) for v, p in zip(value.shape, param.shape)):
                 return f"state {key!r} has shape {tuple(value.shape)}"
     return None
-
-
-def _has_known_layout(optimizer: Any) -> bool:
-    cls = getattr(type(optimizer), "adapted_from", type(optimizer))
-    return cls.__module__.startswith("torch.optim")

@@ -26,7 +26,7 @@ def to_plain(config: Any) -> Any:
         return config.model_dump(exclude_none=False)
     if isinstance(config, Mapping):
         return {str(k): to_plain(v) for k, v in config.items()}
-    if isinstance(config, (list, tuple)) and not isinstance(config, str):
+    if isinstance(config, (list, tuple)):
         return type(config)(to_plain(v) for v in config) if isinstance(config, tuple) else [to_plain(v) for v in config]
     return config
 

@@ -1,20 +1,17 @@
-"""The optimizer contract: what every optimizer optcore hands out can do.
+"""The optimizer contract (API.md): capability flags, learning rate and gradient
+members, and ``step(closure, scale, groups)``; the checkpoint members are in
+:mod:`._checkpoint`, ``average_params`` in :mod:`._averaging`.
 
 Two roads lead here. Optimizers written for optcore subclass :class:`Optimizer`
-and implement ``step(closure, scale, groups)`` natively. Classes from
-``torch.optim`` and third-party packages are *adapted*: :func:`adapt` makes a
-subclass that mixes :class:`ContractMixin` in front of the original class, so
-``isinstance(opt, torch.optim.AdamW)`` still holds, the original ``step`` runs
-unchanged, and the adapter costs one Python call per step.
-
-The contract's checkpoint members live in :mod:`._checkpoint`, its collective
-(``average_params``) in :mod:`._averaging`, and the gradient arithmetic it
-shares with the precision wrappers in :mod:`._grads`; this module holds the
-capability flags, the learning rate and gradient members, and ``step``.
+and implement ``step`` natively. ``torch.optim`` and third-party classes are
+*adapted* (:mod:`._adapt`): a subclass mixes :class:`ContractMixin` in front of
+the original class, so ``isinstance(opt, torch.optim.AdamW)`` still holds, the
+original ``step`` runs unchanged, and the adapter costs one Python call per step.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -90,7 +87,7 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         gives each group its own value. A group whose ``lr`` is a tensor keeps
         that tensor and is filled in place (compiled steps see no new value)."""
         if isinstance(lr, (int, float)) or (isinstance(lr, Tensor) and lr.ndim == 0):
-            values = [lr * g.get("lr_scale", 1.0) if g.get("lr_scale", 1.0) != 1.0 else lr for g in self.param_groups]
+            values = [lr * g.get("lr_scale", 1.0) for g in self.param_groups]
         else:
             values = list(lr)
             if len(values) != len(self.param_groups):
@@ -110,8 +107,7 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         loss.backward()
 
     def multiply_grads(self, c: float | Tensor) -> None:
-        """Multiply every gradient by ``c`` in place (one fused call per
-        device and dtype)."""
+        """Multiply every gradient by ``c`` in place, one fused call per device and dtype."""
         if not isinstance(c, Tensor) and c == 1.0:
             return
         for (device, _), grads in by_device_and_dtype(
@@ -149,28 +145,18 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         to a group in the config; ``None`` selects all."""
         if groups is None:
             return list(self.param_groups)
-        if isinstance(groups, (int, str)):
-            groups = [groups]
+        names, count = [g.get("name") for g in self.param_groups], len(self.param_groups)
         selected: list[dict[str, Any]] = []
-        names = [g.get("name") for g in self.param_groups]
-        for key in groups:
-            if isinstance(key, int) and not isinstance(key, bool):
-                if not -len(self.param_groups) <= key < len(self.param_groups):
-                    raise ConfigError(
-                        f"step(groups=...) names group index {key}, but there are "
-                        f"{len(self.param_groups)} param groups."
-                    )
-                group = self.param_groups[key]
-            elif isinstance(key, str) and key in names:
-                group = self.param_groups[names.index(key)]
-            else:
+        for key in [groups] if isinstance(groups, (int, str)) else groups:
+            index = names.index(key) if isinstance(key, str) and key in names else key
+            if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
                 known = [n for n in names if n is not None]
                 raise ConfigError(
                     f"step(groups=...) names unknown group {key!r}; groups are selected by "
-                    f"index (0..{len(self.param_groups) - 1}) or by name ({known or 'none named'})."
+                    f"index (0..{count - 1}) or by name ({known or 'none named'})."
                 )
-            if all(group is not g for g in selected):
-                selected.append(group)
+            if all(self.param_groups[index] is not g for g in selected):
+                selected.append(self.param_groups[index])
         return selected
 
     #: Classes whose ``step`` must call the closure itself (LBFGS re-evaluates it).
@@ -187,12 +173,10 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
     ) -> float | None:
         """One update with gradients divided by ``scale``, restricted to ``groups``.
 
-        The adapted class's own ``step`` does the work. The closure is evaluated
-        first (so ``scale`` applies to the gradients it produced); ``scale`` is
-        folded into torch's fused kernels through their ``grad_scale`` input where
-        they have one, and applied as one multiply over the gradients otherwise.
-        A plain ``step()`` is the class's own step and nothing else (one call, so
-        torch.compile sees the graph breaks torch's optimizer has, and no more).
+        The adapted class's own ``step`` does the work, after the closure (so
+        ``scale`` applies to the gradients it produced). A plain ``step()`` is
+        that step and nothing else: one call, so torch.compile sees the graph
+        breaks torch's optimizer has, and no more.
         """
         original = self._original_step
         if scale == 1.0 and groups is None and original is not None and (closure is None or self._passes_closure):
@@ -225,9 +209,10 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         return loss
 
     def _check_groups_supported(self) -> None:
-        if self.supports_groups and param_groups_assignable(type(self)):
+        assignable = param_groups_assignable(type(self))
+        if self.supports_groups and assignable:
             return
-        if not param_groups_assignable(type(self)):
+        if not assignable:
             why = (
                 "its param_groups is a read-only property (it wraps another optimizer or derives its groups), "
                 "so optcore cannot restrict a step to some of them"
@@ -240,13 +225,11 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         )
 
     def _scaled_step(self, scale: float) -> None:
-        if scale != 1.0 and not self._folds_scale():
-            self.multiply_grads(1.0 / scale)
-            scale = 1.0
+        """The class's step on gradients divided by ``scale``: one multiply over
+        them first (adapted classes whose fused kernels take ``grad_scale`` fold it in)."""
         if scale != 1.0:
-            self._step_with_grad_scale(scale)
-        else:
-            self._base_step(None)
+            self.multiply_grads(1.0 / scale)
+        self._base_step(None)
 
     def _base_step(self, closure: Callable[[], float] | None) -> float | None:
         """The adapted class's own ``step``, without torch's profiling wrapper
@@ -256,19 +239,10 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
             return super().step(closure)  # type: ignore[misc]
         return original(self, closure)
 
-    # Adapted classes whose fused kernels take ``grad_scale`` override these.
-    def _folds_scale(self) -> bool:
-        return False
-
-    def _step_with_grad_scale(self, scale: float) -> None:
-        raise NotImplementedError
-
 
 def param_groups_assignable(cls: type) -> bool:
     """False where ``param_groups`` is a read-only property (wrappers such as
     Lookahead or ScheduleFreeWrapper expose their inner optimizer's groups)."""
-    import inspect
-
     attr = inspect.getattr_static(cls, "param_groups", None)
     return not (isinstance(attr, property) and attr.fset is None)
 

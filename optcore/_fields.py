@@ -27,15 +27,10 @@ def _number(value: Any) -> Any:
 
 
 def _flag(value: Any) -> Any:
-    """Before pydantic's (strict) bool check: the strings ``"true"``/``"false"``
-    are booleans, ``"none"``/``"null"`` are None; no other value is read by
-    truthiness (``"false"`` would be true, ``0`` would be false)."""
-    if isinstance(value, str):
-        word = value.strip().lower()
-        if word in ("true", "false"):
-            return word == "true"
-        if word in ("none", "null"):
-            return None
+    """Before pydantic's (strict) bool check: a literal string is parsed
+    (``"true"``, ``"none"``), and no other value is read by truthiness
+    (``"false"`` would be true, ``0`` would be false)."""
+    value = parse_literal(value)
     if value is None or isinstance(value, bool):
         return value
     raise ValueError("must be true or false")

@@ -30,24 +30,21 @@ def by_device_and_dtype(tensors: Iterable[Tensor]) -> dict[tuple[torch.device, t
     return buckets
 
 
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype | None:
-    """fp32, or the grads' own precision when it is higher (fp64); None for
-    non-floating grads (complex), whose norm torch computes in their precision."""
-    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else None
-
-
 def total_grad_norm(grads: Sequence[Tensor]) -> Tensor:
     """The 2-norm of all ``grads`` together, one fused call per bucket.
 
     Accumulated in at least fp32 (an fp16 grad whose norm exceeds 65504 is not
     an overflow) and in the grads' own precision when higher: fp64 grads get an
-    fp64 norm, as ``torch.nn.utils.get_total_norm`` gives."""
+    fp64 norm, as ``torch.nn.utils.get_total_norm`` gives; complex grads are
+    normed in their own precision, as torch does."""
     if not grads:
         return torch.zeros(())
     norms = []
     for (_, dtype), bucket in by_device_and_dtype(grads).items():
-        acc = _accumulation_dtype(dtype)
-        per_tensor = torch._foreach_norm(bucket, 2.0) if acc is None else torch._foreach_norm(bucket, 2.0, dtype=acc)
+        if dtype.is_floating_point:
+            per_tensor = torch._foreach_norm(bucket, 2.0, dtype=torch.promote_types(dtype, torch.float32))
+        else:
+            per_tensor = torch._foreach_norm(bucket, 2.0)
         norms.append(torch.linalg.vector_norm(torch.stack(per_tensor), 2.0))
     first = norms[0].device
     dtype = functools.reduce(torch.promote_types, (n.dtype for n in norms))

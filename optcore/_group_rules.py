@@ -56,7 +56,6 @@ def lr_scale_value(value: Any, where: str = "lr_scale") -> float:
     return scale
 
 
-
 def compile_rules(groups: Iterable[Mapping[str, Any]], what: str) -> list[Rule]:
     """Each entry checked (a mapping with a ``params`` regex that compiles) and compiled."""
     out = []
@@ -69,16 +68,11 @@ def compile_rules(groups: Iterable[Mapping[str, Any]], what: str) -> list[Rule]:
             )
         try:
             pattern = re.compile(group["params"])
-        except re.error as exc:
+        except (re.error, RecursionError, OverflowError) as exc:  # the last two: a pathological pattern
+            why = str(exc) if isinstance(exc, re.error) else f"{type(exc).__name__}; write a simpler regex"
             raise ConfigError(
-                f"{what}[{i}].params {short_repr(group['params'])} is not a valid regex: {exc}.",
-                problems=[(f"{what}[{i}].params", str(exc))],
-            ) from None
-        except (RecursionError, OverflowError) as exc:  # a pathological pattern
-            raise ConfigError(
-                f"{what}[{i}].params {short_repr(group['params'])} cannot be compiled ({type(exc).__name__}); "
-                "write a simpler regex.",
-                problems=[(f"{what}[{i}].params", type(exc).__name__)],
+                f"{what}[{i}].params {short_repr(group['params'])} is not a valid regex: {why}.",
+                problems=[(f"{what}[{i}].params", why)],
             ) from None
         values = {k: v for k, v in group.items() if k != "params" and k not in MATCH_KEYS}
         if "lr_scale" in values:
@@ -113,10 +107,7 @@ def rule_overrides(name: str, rules: list[Rule], policies: list[Rule], used: lis
     return overrides
 
 
-def check_all_used(
-    entries: list[Mapping[str, Any]], regexes: list[Rule], used: list[bool],
-    names: list[str],
-) -> None:
+def check_all_used(entries: list[Mapping[str, Any]], regexes: list[Rule], used: list[bool], names: list[str]) -> None:
     """A ``param_groups`` regex that selects nothing is an error, naming a few
     parameter names to write the regex against (``"optional": true`` allows it)."""
     unused = [

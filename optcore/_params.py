@@ -13,12 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from ._errors import ConfigError
 from ._group_rules import check_all_used, compile_rules, lr_scale_value, no_decay_flag, rule_overrides
-
 
 _NORM_TYPES: tuple[type, ...] = (
     nn.modules.normalization.LayerNorm,
@@ -28,35 +26,32 @@ _NORM_TYPES: tuple[type, ...] = (
 ) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
-def _is_norm_module(module: nn.Module) -> bool:
-    # Custom norms (LlamaRMSNorm, T5LayerNorm, ...) are recognised by name.
-    return isinstance(module, _NORM_TYPES) or "norm" in type(module).__name__.lower()
-
-
 def _no_decay_names(model: nn.Module) -> set[str]:
-    """Names of parameters that should not be decayed: biases and the
-    parameters of normalisation layers."""
-    names: set[str] = set()
-    for module_name, module in model.named_modules():
-        for param_name, _ in module.named_parameters(recurse=False):
-            full = f"{module_name}.{param_name}" if module_name else param_name
-            if param_name == "bias" or param_name.endswith("_bias") or _is_norm_module(module):
-                names.add(full)
-    return names
+    """Biases and the parameters of normalisation layers; custom norms
+    (LlamaRMSNorm, T5LayerNorm, ...) are recognised by their class name."""
+    return {
+        f"{module_name}.{name}" if module_name else name
+        for module_name, module in model.named_modules()
+        for name, _ in module.named_parameters(recurse=False)
+        if name == "bias"
+        or name.endswith("_bias")
+        or isinstance(module, _NORM_TYPES)
+        or "norm" in type(module).__name__.lower()
+    }
 
 
 def _no_decay_by_name(name: str) -> bool:
+    """The same judgement from a name alone (a dict of name -> tensor)."""
     parts = name.lower().split(".")
     return parts[-1] in {"bias"} or any("norm" in p or p in {"ln", "ln_f"} or p.startswith("ln_") for p in parts[:-1])
 
 
-def _named_params(
-    params_or_model: Any, leaf_only: bool = True
-) -> tuple[list[tuple[str | None, Tensor]], set[str] | None, bool]:
-    """(named trainable tensors, names not to decay, whether names are real)."""
+def _named_params(params_or_model: Any, leaf_only: bool = True) -> tuple[list[tuple[Any, Tensor]], set[str] | None]:
+    """(named trainable tensors, names not to decay); None for the names when
+    the tensors came without any."""
     if isinstance(params_or_model, nn.Module):
         named = [(n, p) for n, p in params_or_model.named_parameters() if p.requires_grad]
-        return named, _no_decay_names(params_or_model), True
+        return named, _no_decay_names(params_or_model)
     if isinstance(params_or_model, Tensor):
         params_or_model = [params_or_model]
     if isinstance(params_or_model, Mapping):
@@ -64,7 +59,7 @@ def _named_params(
         for name, p in items:
             _check_tensor(p, f"params[{name!r}]", leaf_only)
         named = [(str(n), p) for n, p in items if p.requires_grad]
-        return named, {n for n, _ in named if _no_decay_by_name(n)}, True
+        return named, {n for n, _ in named if _no_decay_by_name(n)}
     try:
         items = list(params_or_model)
     except TypeError:
@@ -79,7 +74,7 @@ def _named_params(
         _check_tensor(p, f"params[{i}]", leaf_only)
         if p.requires_grad:
             named.append((None, p))
-    return named, None, False
+    return named, None
 
 
 def _check_tensor(p: Any, where: str, leaf_only: bool = True) -> None:
@@ -97,13 +92,11 @@ def _check_tensor(p: Any, where: str, leaf_only: bool = True) -> None:
 
 
 def _dedup(named: list[tuple[str | None, Tensor]]) -> list[tuple[str | None, Tensor]]:
-    seen: set[int] = set()
-    out = []
+    """Each tensor once, under its first name (a tied weight is one parameter)."""
+    first: dict[int, tuple[str | None, Tensor]] = {}
     for n, p in named:
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append((n, p))
-    return out
+        first.setdefault(id(p), (n, p))
+    return list(first.values())
 
 
 def _explicit_groups(groups: list[Mapping[str, Any]], leaf_only: bool = True) -> list[dict[str, Any]]:
@@ -114,7 +107,7 @@ def _explicit_groups(groups: list[Mapping[str, Any]], leaf_only: bool = True) ->
         settings = {k: v for k, v in group.items() if k != "params"}
         if "lr_scale" in settings:
             settings["lr_scale"] = lr_scale_value(settings["lr_scale"], f"param group {i} lr_scale")
-        named, _, _ = _named_params(group["params"], leaf_only)
+        named, _ = _named_params(group["params"], leaf_only)
         tensors = [p for _, p in _dedup(named)]
         if tensors:
             out.append({**settings, "params": tensors})
@@ -149,7 +142,7 @@ def build_param_groups(
             raise ConfigError("No trainable parameters: every parameter has requires_grad=False.")
         return groups
 
-    named, no_decay_names, has_names = _named_params(params_or_model, leaf_only)
+    named, no_decay_names = _named_params(params_or_model, leaf_only)
     named = _dedup(named)
     if not named:
         raise ConfigError(
@@ -157,7 +150,7 @@ def build_param_groups(
         )
     regexes = compile_rules(param_groups or [], "param_groups")
     weak = compile_rules(policies or [], "plugin policy")
-    if (regexes or weak) and not has_names:
+    if (regexes or weak) and no_decay_names is None:
         raise ConfigError(
             "'param_groups' select parameters by name, but the parameters were given without names; "
             "pass the model (nn.Module) or a dict of name -> tensor."
@@ -192,7 +185,3 @@ def _hashable(v: Any) -> Any:
     if isinstance(v, dict):
         return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
     return v
-
-
-def all_params(groups: list[Mapping[str, Any]]) -> list[torch.Tensor]:
-    return [p for g in groups for p in g["params"]]

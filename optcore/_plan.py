@@ -1,32 +1,19 @@
 """``plan``: the one road from a config to an optimizer, stopping short of building it.
 
-Every entry point takes this road: :func:`optcore.build_optimizer` is
-``construct(plan(config, params))``; ``optcore check`` is ``plan(config)``
-without parameters; the CLI flags of :mod:`optcore.integrations.argparse` and
-the conformance kit validate through it. So a config that ``check`` accepts
-is one the build accepts, up to what only the constructor can know.
-
-The steps, in order, each done once:
-
-1. *forms* (:mod:`._config`): dict, pydantic model, ``DictConfig``, string or
-   ``{"optimizer": {...}}`` become one fresh dict;
-2. *rewrites* (:mod:`._hooks`): plugins turn the config keys they own into
-   plain config (the fp16 plugin turns ``"precision": "fp16"`` into its
-   wrapper form); the core knows no plugin's vocabulary;
-3. *resolution* (:mod:`._registry`): ``type`` becomes an :class:`OptimizerSpec`;
-4. *validation* (:mod:`._schema`): every hyper-parameter against the spec's
-   schema, the overrides of every ``param_groups`` entry too;
-5. with parameters, *groups* (:mod:`._params`) and the *implementation*
-   (torch's fused kernel where the config did not choose).
-
-A wrapper (a spec whose class wraps another optimizer) plans its inner
-optimizer the same way: :attr:`BuildPlan.inner`.
+``build_optimizer`` is ``construct(plan(config, params))``, ``optcore check`` is
+``plan(config)`` without parameters, and the argparse flags and the conformance
+kit validate through it, so a config ``check`` accepts is one the build accepts
+(up to what only the constructor can know). The steps, each done once: config
+forms (:mod:`._config`), plugins' rewrites (:mod:`._hooks`), resolution,
+validation of the hyper-parameters and of every ``param_groups`` override, and,
+with parameters, the groups and the implementation; docs/architecture.md
+follows one config down this road.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -35,8 +22,8 @@ import torch
 from ._config import merge_kwargs, optimizer_config
 from ._errors import ConfigError
 from ._hooks import get_plugin_manager, rewrite_config
-from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, lr_scale_value, no_decay_flag, validate_group_specs
-from ._params import all_params, build_param_groups
+from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, no_decay_flag, validate_group_specs
+from ._params import build_param_groups
 from ._registry import resolve
 from ._schema import validate_hparams
 from ._spec import OptimizerSpec
@@ -48,22 +35,16 @@ PARAM_KEYS = ("param_groups", "no_decay", "optim_args")
 #: Config keys known to come from plugin distributions, for the error when no
 #: installed plugin claims one. A hint only: what the keys mean is the plugin's
 #: business (it rewrites them, see :func:`optcore._hooks.rewrite_config`).
-PLUGIN_KEY_HINTS = {
-    "precision": "optcore-fp16",
-    "memory_efficient": "optcore-fp16",
-    "loss_scaler": "optcore-fp16",
-}
+PLUGIN_KEY_HINTS = dict.fromkeys(("precision", "memory_efficient", "loss_scaler"), "optcore-fp16")
 
 
 @dataclass(frozen=True)
 class BuildPlan:
     """Everything decided about an optimizer before it is constructed.
 
-    ``hparams`` are the validated keyword arguments; ``explicit`` the ones the
-    config set (the rest are schema defaults). ``group_specs`` are the
-    config's regex ``param_groups``, each validated against the schema.
-    With parameters, ``groups`` holds the param groups to construct with and
-    ``implementation`` says which torch path was chosen. ``inner`` is the plan
+    ``explicit`` are the hyper-parameters the config set (the rest of ``hparams``
+    are schema defaults); ``groups`` and ``implementation`` (the torch path
+    chosen) exist only for a plan made with parameters; ``inner`` is the plan
     of the optimizer a wrapper wraps.
     """
 
@@ -141,17 +122,14 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
     validate_group_specs(group_specs)
     for i, group in enumerate(group_specs):
         _validate_overrides(spec, hparams, group, f"{spec.name} param_groups[{i}]")
-    no_decay = no_decay_flag(no_decay)
     plan_ = BuildPlan(
         spec=spec,
         hparams=MappingProxyType(hparams),
         explicit=frozenset(cfg),
         group_specs=tuple(MappingProxyType(dict(g)) for g in group_specs),
-        no_decay=no_decay,
+        no_decay=no_decay_flag(no_decay),
     )
-    if params_or_model is None:
-        return plan_
-    return _with_params(plan_, params_or_model)
+    return plan_ if params_or_model is None else _with_params(plan_, params_or_model)
 
 
 def _plan_wrapper(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: Any, allow: bool | None) -> BuildPlan:
@@ -223,29 +201,18 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
         group.update(_validate_overrides(spec, hparams, group, f"{spec.name} param group {group.get('name', i)}"))
         _apply_lr_scale(group, hparams)
     implementation = _choose_implementation(spec, hparams, plan_.explicit, groups)
-    return BuildPlan(
-        spec=spec,
-        hparams=MappingProxyType(hparams),
-        explicit=plan_.explicit,
-        group_specs=plan_.group_specs,
-        no_decay=plan_.no_decay,
-        groups=tuple(groups),
-        implementation=implementation,
-    )
+    return replace(plan_, hparams=MappingProxyType(hparams), groups=tuple(groups), implementation=implementation)
 
 
 def _apply_lr_scale(group: dict[str, Any], hparams: Mapping[str, Any]) -> None:
-    """``lr = base lr * lr_scale``, keeping the user's type: a tensor lr stays a
-    tensor (torch.compile's recipe), and each group gets its own, since a
-    scheduler fills each group's lr in place."""
-    base = group.get("lr", hparams.get("lr"))
-    if "lr_scale" not in group:
-        if isinstance(base, torch.Tensor):
-            group["lr"] = base.detach().clone()
-        return
-    scale = lr_scale_value(group["lr_scale"])
-    if base is not None:
-        group["lr"] = base * scale if isinstance(base, torch.Tensor) else float(base) * float(scale)
+    """``lr = base lr * lr_scale`` (checked by :mod:`._group_rules`), keeping the
+    user's type: a tensor lr stays a tensor (torch.compile's recipe), and each
+    group gets its own, since a scheduler fills each group's lr in place."""
+    base, scale = group.get("lr", hparams.get("lr")), group.get("lr_scale")
+    if isinstance(base, torch.Tensor):
+        group["lr"] = base.detach().clone() if scale is None else base * scale
+    elif base is not None and scale is not None:
+        group["lr"] = float(base) * scale
 
 
 def _choose_implementation(
@@ -256,10 +223,9 @@ def _choose_implementation(
     path at 100M params on CPU). Writes the choice into ``hparams``."""
     if spec.source != "torch" or "fused" not in hparams:
         return None
-    if explicit & {"fused", "foreach"} or hparams.get("differentiable") or hparams.get("capturable"):
-        return "fused" if hparams.get("fused") else ("foreach" if hparams.get("foreach") else None)
-    hparams["fused"] = fused_supported(all_params(groups))
-    return "fused" if hparams["fused"] else None
+    if not (explicit & {"fused", "foreach"} or hparams.get("differentiable") or hparams.get("capturable")):
+        hparams["fused"] = fused_supported([p for g in groups for p in g["params"]])
+    return "fused" if hparams.get("fused") else ("foreach" if hparams.get("foreach") else None)
 
 
 def fused_supported(params: list[torch.Tensor]) -> bool:
@@ -270,21 +236,15 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
     floating = (torch.float16, torch.float32, torch.float64, torch.bfloat16)
     # Only plain tensors: DTensor (FSDP2) has no sharding rule for the fused
     # kernels (`aten._fused_sgd_.default`), so sharded params keep torch's default.
+    plain = (torch.Tensor, torch.nn.Parameter)
     return bool(params) and all(
-        type(p) in (torch.Tensor, torch.nn.Parameter)
-        and p.device.type in devices
-        and p.dtype in floating
-        and not p.is_sparse
-        and not torch.is_complex(p)
-        for p in params
+        type(p) in plain and p.device.type in devices and p.dtype in floating and not p.is_sparse for p in params
     )
 
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.item() if value.numel() == 1 else f"<tensor {tuple(value.shape)}>"
-    if isinstance(value, torch.dtype):
-        return str(value)
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if isinstance(value, Mapping):

@@ -43,8 +43,7 @@ def _boolean_numbers(schema: type[BaseModel], values: Mapping[str, Any]) -> list
     by_alias = {info.alias: info for info in fields.values() if isinstance(info.alias, str)}
     problems = []
     for key, value in values.items():
-        info = fields.get(key) if isinstance(key, str) else None
-        info = info or (by_alias.get(key) if isinstance(key, str) else None)
+        info = (fields.get(key) or by_alias.get(key)) if isinstance(key, str) else None
         boolish = isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("true", "false"))
         if info is not None and boolish and not _admits_bool(info.annotation):
             problems.append((key, f"a boolean is not a number; write a number (got {short_repr(value)})"))
@@ -77,30 +76,18 @@ def _fields_at(schema: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
 #: Other spellings of well-known hyper-parameters (other libraries' names,
 #: abbreviations), used to answer an unknown field with the right one.
 ALIASES: dict[str, str] = {
-    "wd": "weight_decay",
-    "weight_decay_rate": "weight_decay",
-    "l2": "weight_decay",
-    "l2_reg": "weight_decay",
-    "decay": "weight_decay",
-    "learning_rate": "lr",
-    "lr_rate": "lr",
-    "step_size": "lr",
-    "epsilon": "eps",
-    "adam_epsilon": "eps",
-    "beta1": "betas",
-    "beta2": "betas",
-    "beta_1": "betas",
-    "beta_2": "betas",
-    "b1": "betas",
-    "b2": "betas",
-    "adam_beta1": "betas",
-    "adam_beta2": "betas",
-    "mom": "momentum",
-    "momentum_factor": "momentum",
-    "use_nesterov": "nesterov",
-    "nesterov_momentum": "nesterov",
-    "amsbound": "amsgrad",
-    "decoupled": "decoupled_weight_decay",
+    alias: name
+    for name, aliases in {
+        "weight_decay": "wd weight_decay_rate l2 l2_reg decay",
+        "lr": "learning_rate lr_rate step_size",
+        "eps": "epsilon adam_epsilon",
+        "betas": "beta1 beta2 beta_1 beta_2 b1 b2 adam_beta1 adam_beta2",
+        "momentum": "mom momentum_factor",
+        "nesterov": "use_nesterov nesterov_momentum",
+        "amsgrad": "amsbound",
+        "decoupled_weight_decay": "decoupled",
+    }.items()
+    for alias in aliases.split()
 }
 #: Hyper-parameters every optimizer user knows: when one is not a field of
 #: this optimizer, say so instead of offering a far-fetched close name.
@@ -135,9 +122,7 @@ def _problem(err: Any, schema: type[BaseModel], target: str) -> tuple[str, str]:
         return field, _suggestion(str(loc[-1]), nested, target if len(loc) == 1 else field)
     if kind == "missing":
         return field, "required: this field has no default, set it"
-    msg = clean_text(str(err.get("msg", "invalid value")), 300)
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
+    msg = clean_text(str(err.get("msg", "invalid value")), 300).removeprefix("Value error, ")
     return field, f"{msg} (got {short_repr(err.get('input'))})"
 
 
@@ -252,10 +237,7 @@ def schema_from_signature(
         if isinstance(annotation, str):  # an unresolved string annotation says nothing pydantic can use
             annotation = inspect.Parameter.empty
         typ = _annotation_for(param.default, annotation)
-        if param.default is inspect.Parameter.empty:
-            fields[param.name] = (typ, ...)
-        else:
-            fields[param.name] = (typ, param.default)
+        fields[param.name] = (typ, ... if param.default is inspect.Parameter.empty else param.default)
     model_name = f"{name or getattr(target, '__name__', 'Optimizer')}Config"
     try:
         model = create_model(model_name, __base__=HParams, **fields)

@@ -1,9 +1,9 @@
-"""Schemas and capability facts for the optimizers in ``torch.optim``.
+"""Schemas for the optimizers in ``torch.optim``.
 
-The schemas mirror the ``__init__`` signatures of torch 2.x with the
-constraints torch itself enforces (or should: torch accepts ``momentum=-1``
-for SGD). ``tests/test_torch_optims.py`` checks that every field here exists in
-the installed torch's signature, so a torch upgrade that renames a field fails
+They mirror the ``__init__`` signatures of torch 2.x with the constraints torch
+itself enforces (or should: torch accepts ``momentum=-1`` for SGD).
+``tests/test_schema_values.py`` checks every field and default against the
+installed torch's signature, so a torch upgrade that renames a field fails
 loudly instead of silently dropping it.
 """
 
@@ -43,6 +43,17 @@ class _Fusable(_Impl):
         return self
 
 
+class _AdamFamily(_Impl):
+    """The fields Adam, AdamW, Adamax, NAdam and RAdam share (a schema redeclares
+    one to change its default; the field keeps its place)."""
+
+    lr: LR = 1e-3
+    betas: Betas = (0.9, 0.999)
+    eps: Eps = 1e-8
+    weight_decay: WeightDecay = 0.0
+    capturable: Flag = False
+
+
 class SGDConfig(_Fusable):
     """Stochastic gradient descent, with optional (Nesterov) momentum."""
 
@@ -59,54 +70,32 @@ class SGDConfig(_Fusable):
         return self
 
 
-class AdamConfig(_Fusable):
+class AdamConfig(_AdamFamily, _Fusable):
     """Adam (Kingma & Ba); ``decoupled_weight_decay=True`` makes it AdamW."""
 
-    lr: LR = 1e-3
-    betas: Betas = (0.9, 0.999)
-    eps: Eps = 1e-8
-    weight_decay: WeightDecay = 0.0
     amsgrad: Flag = False
-    capturable: Flag = False
     decoupled_weight_decay: Flag = False
 
 
-class AdamWConfig(_Fusable):
+class AdamWConfig(_AdamFamily, _Fusable):
     """Adam with decoupled weight decay (Loshchilov & Hutter)."""
 
-    lr: LR = 1e-3
-    betas: Betas = (0.9, 0.999)
-    eps: Eps = 1e-8
     weight_decay: WeightDecay = 1e-2
     amsgrad: Flag = False
-    capturable: Flag = False
 
 
-class AdamaxConfig(_Impl):
+class AdamaxConfig(_AdamFamily):
     lr: LR = 2e-3
-    betas: Betas = (0.9, 0.999)
-    eps: Eps = 1e-8
-    weight_decay: WeightDecay = 0.0
-    capturable: Flag = False
 
 
-class NAdamConfig(_Impl):
+class NAdamConfig(_AdamFamily):
     lr: LR = 2e-3
-    betas: Betas = (0.9, 0.999)
-    eps: Eps = 1e-8
-    weight_decay: WeightDecay = 0.0
     momentum_decay: NonNegative = 4e-3
     decoupled_weight_decay: Flag = False
-    capturable: Flag = False
 
 
-class RAdamConfig(_Impl):
-    lr: LR = 1e-3
-    betas: Betas = (0.9, 0.999)
-    eps: Eps = 1e-8
-    weight_decay: WeightDecay = 0.0
+class RAdamConfig(_AdamFamily):
     decoupled_weight_decay: Flag = False
-    capturable: Flag = False
 
 
 class RMSpropConfig(_Impl):
@@ -198,21 +187,10 @@ class MuonConfig(HParams):
     adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = None
 
 
-#: name -> schema
+#: name -> schema (the class's name without "Config"; torch's Adafactor is "Adafactor")
 TORCH_SCHEMAS: dict[str, type[HParams]] = {
-    "SGD": SGDConfig,
-    "Adam": AdamConfig,
-    "AdamW": AdamWConfig,
-    "Adamax": AdamaxConfig,
-    "NAdam": NAdamConfig,
-    "RAdam": RAdamConfig,
-    "RMSprop": RMSpropConfig,
-    "Adagrad": AdagradConfig,
-    "Adadelta": AdadeltaConfig,
-    "ASGD": ASGDConfig,
-    "Rprop": RpropConfig,
-    "LBFGS": LBFGSConfig,
-    "SparseAdam": SparseAdamConfig,
-    "Adafactor": TorchAdafactorConfig,
-    "Muon": MuonConfig,
+    cls.__name__.removesuffix("Config").removeprefix("Torch"): cls
+    for cls in (SGDConfig, AdamConfig, AdamWConfig, AdamaxConfig, NAdamConfig, RAdamConfig, RMSpropConfig,
+                AdagradConfig, AdadeltaConfig, ASGDConfig, RpropConfig, LBFGSConfig, SparseAdamConfig,
+                TorchAdafactorConfig, MuonConfig)
 }

@@ -94,3 +94,14 @@ def test_a_build_walks_down_the_layers(config):
     assert all(b != "optcore" for _, b in edges)
     hops = [b for i, (a, b) in enumerate(edges) if i == 0 or edges[i - 1] != (a, b)]
     print(f"{len(hops)} hops over {len({b for _, b in edges})} modules")
+
+
+def test_the_type_checking_imports_name_every_lazy_public_name():
+    """``optcore/__init__``'s TYPE_CHECKING block (for IDEs and type checkers) imports
+    exactly the names of ``_LAZY`` (what runs), each from the same module."""
+    import ast
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"]
+    imported = {a.name: "." * n.level + (n.module or "") for n in block.body for a in n.names}
+    assert imported == optcore._LAZY

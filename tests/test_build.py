@@ -6,7 +6,15 @@ import pytest
 import torch
 
 import optcore
-from optcore._build import implementation_of
+
+
+def implementation_of(optimizer: torch.optim.Optimizer) -> str:
+    """The path a torch optimizer's groups ask for: fused, foreach, or torch's default."""
+    groups = optimizer.param_groups
+    for path in ("fused", "foreach"):
+        if all(g.get(path) for g in groups):
+            return path
+    return "default"
 
 
 def test_config_forms_agree(model):

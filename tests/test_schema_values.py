@@ -157,3 +157,21 @@ def test_typos_still_get_close_matches(model):
     with pytest.raises(ConfigError) as info:
         optcore.build_optimizer({"type": "AdamW", "weight_dacay": 0.1}, model)
     assert "did you mean 'weight_decay'?" in info.value.problems[0][1]
+
+
+def test_torch_schemas_match_the_installed_torch_signatures():
+    """Every field of optcore's torch.optim schemas is a parameter of the class with
+    the same default, and every keyword of the class is a field: a torch upgrade
+    that renames, adds or re-defaults one fails here instead of drifting silently."""
+    import inspect
+
+    from optcore._torch_optims import TORCH_SCHEMAS
+
+    for name, schema in TORCH_SCHEMAS.items():
+        cls = getattr(torch.optim, name, None)
+        if cls is None:  # older torch: Adafactor (2.5), Muon (2.9)
+            continue
+        signature = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
+        fields = {k: info.default for k, info in schema.model_fields.items()}
+        assert set(signature) - {"self", "params"} == set(fields), name
+        assert {k: signature[k] for k in fields} == fields, name
