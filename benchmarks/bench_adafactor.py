@@ -43,10 +43,13 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -116,7 +119,10 @@ def floor_seconds(n: int, beta1: float | None, mode: str, add: float, read: floa
     return pass1 + pass2
 
 
-def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float | None, device: str, mode: str) -> None:
+def bench(
+    n_params: float, d_model: int, rounds: int, steps: int, beta1: float | None, device: str, mode: str
+) -> list[dict]:
+    """Time every implementation, print the table, return its rows (for ``--json``)."""
     params = transformer_shaped(n_params, d_model, device)
     gen = torch.Generator().manual_seed(1)
     for p in params:
@@ -155,12 +161,20 @@ def bench(n_params: float, d_model: int, rounds: int, steps: int, beta1: float |
           f"Adafactor's floor {floor:.1f} ms = {floor / bound:.2f}x the bound\n")
     print("| implementation | ms/step (best) | x bound (median of rounds) | x bound (range) | x floor (median) | x HF | state MB |")
     print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for name in sorted(opts, key=best.__getitem__):
         r = ratios[name]
         print(f"| {name} | {best[name]:.1f} | {statistics.median(r):.2f} | {min(r):.2f}-{max(r):.2f} | "
               f"{statistics.median(floors[name]):.2f} | {best[name] / hf:.2f} | {state_bytes(opts[name]) / 1e6:.2f} |")
+        rows.append({
+            "params": n, "mode": mode, "beta1": beta1, "implementation": name, "best_ms": best[name],
+            "x_bound": statistics.median(r), "x_bound_range": [min(r), max(r)],
+            "x_floor": statistics.median(floors[name]), "floor_x_bound": floor / bound, "x_hf": best[name] / hf,
+            "add_gbs": probe.median() / 1e9, "read_gbs": reads.median() / 1e9,
+        })
     del opts
     gc.collect()
+    return rows
 
 
 def main() -> None:
@@ -173,15 +187,27 @@ def main() -> None:
     parser.add_argument("--modes", default="relative", help="comma-separated from relative, manual (see MODES)")
     parser.add_argument("--ours", default=",".join(OURS), help="optcore implementations to time (c,torch,compiled)")
     parser.add_argument("--peers", default="all", help="'all', or 'none' for optcore's implementations only")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows (docs/figures.py renders the plugin README from them)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     OURS[:] = [x.strip() for x in args.ours.split(",") if x.strip()]
     PEERS["enabled"] = args.peers != "none"
     configs = {"10M": (10e6, 512, 5), "100M": (100e6, 1024, 2)}  # size -> (params, d_model, steps per round)
+    rows, load = [], os.getloadavg()[0]
     for size in args.sizes.split(","):
         n_params, d_model, steps = configs[size.strip()]
         for mode in args.modes.split(","):
-            bench(n_params, d_model, args.rounds, steps, args.beta1, args.device, mode.strip())
+            rows += bench(n_params, d_model, args.rounds, steps, args.beta1, args.device, mode.strip())
+    if args.json:
+        record = {
+            "command": " ".join(["python", "benchmarks/bench_adafactor.py", *sys.argv[1:]]),
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "rounds": args.rounds,
+            "load_average": [round(load, 1), round(os.getloadavg()[0], 1)], "rows": rows,
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

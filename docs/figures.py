@@ -102,6 +102,27 @@ def render_setup_time(data: dict[str, Any]) -> str:
     return f"{data['setup_s'] / 60:.1f} minutes ({data['how']})"
 
 
+def render_bench_adafactor(data: dict[str, Any]) -> str:
+    mode = {"relative": "relative step", "manual": "manual lr"}
+    lines = [
+        "| size, mode | implementation | ms/step (best) | x bound (median; range) | x floor (median) | floor, x bound | x HF |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        low, high = row["x_bound_range"]
+        lines.append(
+            f"| {row['params'] / 1e6:.1f}M, {mode[row['mode']]} | {row['implementation']} | {row['best_ms']:.1f} "
+            f"| {row['x_bound']:.2f} ({low:.2f}-{high:.2f}) | {row['x_floor']:.2f} | {row['floor_x_bound']:.2f} "
+            f"| {row['x_hf']:.2f} |"
+        )
+    lines += [
+        "",
+        f"{data['when']}, torch {data['torch']}, fp32, {data['threads']} threads, {data['rounds']} rounds, load "
+        f"average {data['load_average'][0]}-{data['load_average'][1]}: `{data['command']}`",
+    ]
+    return "\n".join(lines)
+
+
 def plot_compare(data: dict[str, Any]) -> None:
     from optcore.compare.report import plot_curves
 
@@ -138,6 +159,14 @@ FIGURES: list[Figure] = [
         RESULTS / "bench_core.json",
         "python benchmarks/bench_core.py --json docs/results/bench_core.json",
         render_bench_core,
+    ),
+    Figure(
+        "bench-adafactor",
+        ROOT / "plugins" / "optcore-adafactor" / "README.md",
+        RESULTS / "bench_adafactor.json",
+        "python benchmarks/bench_adafactor.py --sizes 10M,100M --ours c --peers none --modes relative,manual "
+        "--json docs/results/bench_adafactor.json",
+        render_bench_adafactor,
     ),
 ]
 
