@@ -189,6 +189,9 @@ def main() -> None:
     parser.add_argument("--peers", default="all", help="'all', or 'none' for optcore's implementations only")
     parser.add_argument("--json", metavar="PATH", help="also write the rows (docs/figures.py renders the plugin README from them)")
     args = parser.parse_args()
+    unknown = [m for m in args.modes.split(",") if m.strip() not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown {', '.join(unknown)}; choose from {', '.join(MODES)}")
     torch.set_num_threads(args.threads)
     OURS[:] = [x.strip() for x in args.ours.split(",") if x.strip()]
     PEERS["enabled"] = args.peers != "none"
