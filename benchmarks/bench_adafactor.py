@@ -8,7 +8,9 @@
 All implementations update the same transformer-shaped parameters (attention
 and MLP weights of d x d, 4d x d and d x 4d, plus bias and norm vectors) with
 the same gradients, in relative-step mode (the default everywhere it exists),
-interleaved in rounds in one process.
+interleaved in rounds in one process. Each steps its own copy of the
+parameters, as in training: optcore's C loops check that p is as they left it
+(see below), and p stepped by another optimizer in between is, every round.
 
 The bound is the memory traffic a step must have, at the stream bandwidth
 (:class:`common.StreamProbe`: one in-place ``a.add_(b)`` over 256 MB, 12 bytes
@@ -24,10 +26,13 @@ An fp32 Adafactor step must read p and g and write p: 12 bytes per parameter
 (20 with a first moment: read and write m too); the factored statistics are a
 few KB per matrix. Adafactor's own floor is higher, because the update may
 only start once the statistics of the whole matrix are known: one pass reads
-g (and p, for RMS(p) with scale_parameter), the second reads g and p and
-writes p. That is 20 bytes per parameter in relative-step mode, 1.67x the
-bound (16 and 1.33x without scale_parameter). Peers that are not installed
-are left out.
+g, the second reads g and p and writes p: 16 bytes per parameter, 1.33x the
+bound counting every byte alike. RMS(p), which scales the step in
+relative-step mode, would take a read of p in the first pass too (20 bytes);
+optcore's C loops take it instead from the sum of squares the second pass
+computes as it writes p, and check it against the p the next second pass
+reads (a fix-up pass when p was changed in between), so from the second step
+on both modes move 16 bytes. Peers that are not installed are left out.
 
 optcore's Adafactor runs in each of its implementations: ``c`` (C loops for
 fp32 CPU matrices), ``torch`` (chunked torch ops) and ``compiled`` (the update
@@ -109,12 +114,13 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
     return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
 
 
-def floor_seconds(n: int, beta1: float | None, mode: str, add: float, read: float) -> float:
+def floor_seconds(n: int, beta1: float | None, add: float, read: float) -> float:
     """Adafactor's own floor on this machine for ``n`` fp32 parameters: pass 1
-    only reads (g, and p for RMS(p) in relative mode) at the read-only rate;
-    pass 2 reads g and p and writes p, an add's pattern, at the add's rate
-    (with beta1 it also reads and writes m: 8 bytes more at that rate)."""
-    pass1 = (8 if mode == "relative" else 4) * n / read
+    only reads g, at the read-only rate; pass 2 reads g and p and writes p, an
+    add's pattern, at the add's rate (with beta1 it also reads and writes m:
+    8 bytes more at that rate). In both modes: RMS(p) needs no read of its own
+    (see the module docstring)."""
+    pass1 = 4 * n / read
     pass2 = (12 if beta1 is None else 20) * n / add
     return pass1 + pass2
 
@@ -125,10 +131,17 @@ def bench(
     """Time every implementation, print the table, return its rows (for ``--json``)."""
     params = transformer_shaped(n_params, d_model, device)
     gen = torch.Generator().manual_seed(1)
-    for p in params:
-        p.grad = (torch.randn(p.shape, generator=gen) * 1e-2).to(device)
+    grads = [(torch.randn(p.shape, generator=gen) * 1e-2).to(device) for p in params]
     n = sum(p.numel() for p in params)
-    opts = {name: make(params) for name, make in implementations(beta1, mode).items()}
+
+    def own_copy() -> list[torch.Tensor]:
+        """The same values, but tensors of its own: an optimizer owns its parameters (see the module docstring)."""
+        copies = [p.clone() for p in params]
+        for p, g in zip(copies, grads):
+            p.grad = g.clone()
+        return copies
+
+    opts = {name: make(own_copy()) for name, make in implementations(beta1, mode).items()}
     bytes_per_step = 4 * (3 if beta1 is None else 5) * n
     probe, reads = StreamProbe(device), StreamProbe(device, kind="read")
     times: dict[str, list[float]] = {name: [] for name in opts}
@@ -149,10 +162,10 @@ def bench(
             add, read = (add_before + probe()) / 2, (read_before + reads()) / 2
             times[name].append(seconds * 1e3)
             ratios[name].append(seconds / (bytes_per_step / add))
-            floors[name].append(seconds / floor_seconds(n, beta1, mode, add, read))
+            floors[name].append(seconds / floor_seconds(n, beta1, add, read))
     best = {name: min(ms) for name, ms in times.items()}
     bound = bytes_per_step / probe.median() * 1e3
-    floor = floor_seconds(n, beta1, mode, probe.median(), reads.median()) * 1e3
+    floor = floor_seconds(n, beta1, probe.median(), reads.median()) * 1e3
     hf = best.get("transformers Adafactor", float("nan"))
     where = f"{torch.get_num_threads()} threads" if device == "cpu" else torch.cuda.get_device_name(device)
     print(f"\n### {n / 1e6:.1f}M parameters (d_model {d_model}, {len(params)} tensors), {mode} mode, beta1={beta1}, "

@@ -17,9 +17,8 @@ from common import StreamProbe  # noqa: E402
 
 def test_floor_is_one_read_pass_and_one_add_pass() -> None:
     n, add, read = 1000, 12e9, 4e9
-    assert bench_adafactor.floor_seconds(n, None, "relative", add, read) == pytest.approx(8 * n / read + 12 * n / add)
-    assert bench_adafactor.floor_seconds(n, None, "manual", add, read) == pytest.approx(4 * n / read + 12 * n / add)
-    assert bench_adafactor.floor_seconds(n, 0.9, "manual", add, read) == pytest.approx(4 * n / read + 20 * n / add)
+    assert bench_adafactor.floor_seconds(n, None, add, read) == pytest.approx(4 * n / read + 12 * n / add)
+    assert bench_adafactor.floor_seconds(n, 0.9, add, read) == pytest.approx(4 * n / read + 20 * n / add)
 
 
 def test_both_probes_sample_a_positive_rate() -> None:

@@ -4,6 +4,8 @@ and no pointer reaches C unless its tensor holds the memory the loops touch."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -204,7 +206,7 @@ def test_state_the_loops_took_is_not_checked_again_but_other_parameters_are(monk
 
 @pytest.mark.parametrize(
     "change",
-    ["replaced, wrong shape", "resized in place", "loaded from another model", "storage freed"],
+    ["replaced, wrong shape", "resized in place", "loaded from another model", "storage freed", "param reshaped"],
 )
 def test_state_changed_between_steps_is_checked_again(change: str) -> None:
     """Whatever happened to the state since the loops took it, the step sees
@@ -224,6 +226,9 @@ def test_state_changed_between_steps_is_checked_again(change: str) -> None:
         saved["state"][0]["exp_avg_sq_row"] = torch.zeros(5)
         opt.load_state_dict(saved)
         error, match = RuntimeError, r"has shape \(5,\), expected \(16,\).*belongs to another model"
+    elif change == "param reshaped":  # the state is untouched, but the loops would take p's new sizes
+        matrix.data = torch.randn(64, 8)
+        error, match = RuntimeError, r"'exp_avg_sq_row' of parameter #0 .* has shape \(16,\), expected \(64,\)"
     else:
         state["exp_avg_sq_row"].untyped_storage().resize_(0)
         error, match = ValueError, r"has no allocated storage of its size \(freed"
@@ -263,3 +268,80 @@ def test_switching_on_a_first_moment_after_a_step_creates_its_state() -> None:
         p.grad = torch.randn_like(p)
     opt.step()
     assert opt.state[matrix]["exp_avg"].shape == matrix.shape and opt.state[matrix]["exp_avg"].abs().sum() > 0
+
+
+def _memo(opt: Adafactor, p: torch.Tensor) -> tuple[float, float]:
+    """(sum x^2 the loops wrote last step, whether they found x changed)."""
+    memo = opt._known[p][3]
+    return memo[0], memo[1]
+
+
+@pytest.mark.parametrize("shared_min", [1 << 62, 0], ids=["whole", "rows split"])
+def test_rms_of_x_comes_from_the_last_write_once_known(monkeypatch: pytest.MonkeyPatch, shared_min: int) -> None:
+    """From the second step on, pass 1 takes sum x^2 from what pass 2 wrote
+    (so it does not read x), and the check in pass 2 finds it exact."""
+    monkeypatch.setattr(_cpu_kernel, "SHARED_MIN", shared_min)
+    read_x: list[list[float]] = []  # per step, per job (matrix, vector): whether pass 1 read x
+    run = _cpu_kernel.Batch.run
+
+    def recorded(self: _cpu_kernel.Batch, out: object = None) -> None:
+        out = (ctypes.c_double * (4 * len(self)))()
+        run(self, out)
+        read_x.append(list(out[3::4]))
+
+    monkeypatch.setattr(_cpu_kernel.Batch, "run", recorded)
+    matrix, vector, opt = _stepped()
+    for _ in range(3):
+        matrix.grad, vector.grad = torch.randn_like(matrix), torch.randn_like(vector)
+        opt.step()
+        written, changed = _memo(opt, matrix)
+        assert changed == 0.0 and written == pytest.approx(float(matrix.detach().double().pow(2).sum()), rel=1e-6)
+    assert read_x == [[1.0, 1.0]] + [[0.0, 1.0]] * 3
+    assert vector not in opt._known or opt._known[vector][3] is None  # vectors: one pass reads everything anyway
+    manual = Adafactor([torch.randn(4, 4, requires_grad=True)], lr=1e-2, relative_step=False, scale_parameter=False)
+    p = manual.param_groups[0]["params"][0]
+    p.grad = torch.randn_like(p)
+    manual.step()
+    assert manual._known[p][3] is None  # no RMS(x), nothing to remember
+
+
+CHANGES = {
+    "scaled through .data": lambda p: p.data.mul_(3.0),
+    "copied over through .data": lambda p: p.data.copy_(torch.randn_like(p)),
+    "signs flipped (same RMS)": lambda p: p.data.neg_(),
+    "one element nudged": lambda p: p.data.view(-1)[5].add_(1e-3),
+    "data replaced, same shape": lambda p: setattr(p, "data", p.data * 0.5),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("shared_min", [1 << 62, 0], ids=["whole", "rows split"])
+@pytest.mark.parametrize("beta1, weight_decay", [(None, 0.0), (0.9, 0.1)], ids=["plain", "momentum+decay"])
+def test_x_changed_between_steps_gets_the_step_its_own_rms_gives(
+    monkeypatch: pytest.MonkeyPatch, change: str, shared_min: int, beta1: float | None, weight_decay: float
+) -> None:
+    """A change no version counter sees (``.data``) between steps: the step
+    is the torch path's for the x it finds (the fix-up pass, when the check in
+    pass 2 fails), and the loops read x in pass 1 until a check passes again."""
+    monkeypatch.setattr(_cpu_kernel, "SHARED_MIN", shared_min)
+    pairs = []
+    for implementation in ("c", "torch"):
+        w = torch.randn(37, 24, generator=torch.Generator().manual_seed(3)).requires_grad_()
+        pairs.append((w, Adafactor([w], beta1=beta1, weight_decay=weight_decay, implementation=implementation)))
+    (w, opt), (ref, ref_opt) = pairs
+    gen = torch.Generator().manual_seed(4)
+    for step in range(8):
+        g = torch.randn(37, 24, generator=gen)
+        if step in (3, 4):  # twice in a row: a failed check, then a step that reads x and finds it changed
+            torch.manual_seed(step)
+            CHANGES[change](w)
+            torch.manual_seed(step)
+            CHANGES[change](ref)
+        w.grad, ref.grad = g.clone(), g.clone()
+        opt.step()
+        ref_opt.step()
+        _assert_close(w, ref, 1e-6)
+        assert opt.state[w]["RMS"] == pytest.approx(float(ref_opt.state[ref]["RMS"]), rel=1e-6)
+        if step in (3, 4) and change != "signs flipped (same RMS)":
+            assert _memo(opt, w)[1] == 1.0
+    assert _memo(opt, w)[1] == 0.0  # unchanged since: the last write is trusted again

@@ -6,7 +6,10 @@ around it (row mean, factors, RMS(U), RMS(p), ...) cost more than the passes
 on small tensors. ``adafactor_step_batch`` does the whole step of many
 tensors in one call: per matrix, one pass reading G (and X, for RMS(X)) for
 the statistics, the O(n + m) work, and one pass reading G and X (and M) and
-writing X (and M); per vector the same with a full second moment. One call
+writing X (and M); per vector the same with a full second moment. From the
+second step on, pass 1 takes RMS(X) from the sum of squares pass 2 computed
+as it wrote X, and pass 2 checks it against the X it reads (see SOURCE), so
+relative-step mode moves 16 bytes per element, as manual-lr mode does. One call
 per optimizer step means one fork and join of the OpenMP threads and no
 Python in between: small tensors go whole to one thread each, large ones are
 split by rows over all threads (:data:`SHARED_MIN`).
@@ -123,13 +126,28 @@ CLONES void adafactor_apply(int64_t n, int64_t m, float *x, const float *g, floa
 /* Job k of a batch is described by
      dims[2k], dims[2k+1]   n, m: an n x m matrix (factored), or m = 0 for a
                             vector of n elements (full second moment v)
-     ptrs[6k .. 6k+5]       x, g, mom (or NULL), row (vector: v), col (vector:
-                            NULL), rms (NULL: RMS(x) is neither needed nor stored)
+     ptrs[7k .. 7k+6]       x, g, mom (or NULL), row (vector: v), col (vector:
+                            NULL), rms (NULL: RMS(x) is neither needed nor stored),
+                            memo (or NULL; matrices with rms only, see below)
      f[8k .. 8k+7]          beta2t, inv_scale, eps1, eps2, rho, clip, beta1, wd
-     out[3k .. 3k+2]        (may be NULL) RMS(x) before the step, step size, RMS(U)
+     out[4k .. 4k+3]        (may be NULL) RMS(x) before the step, step size, RMS(U),
+                            1 if pass 1 read x (0: RMS(x) came from memo[0])
    A non-NULL rms is scale_parameter: the step size is max(eps2, RMS(x)) rho
-   and RMS(x) is stored there. */
-#define NPTR 6
+   and RMS(x) is stored there.
+
+   memo (2 doubles the optimizer keeps per matrix): memo[0] is sum x^2 of the
+   x these loops wrote last step (NaN: unknown), memo[1] is 1 when the last
+   step found x changed since. Pass 2 reads every x anyway, so it adds up
+   sum x^2 of the x it reads and of the x it writes. When memo[0] is known
+   and the last check passed, pass 1 does not read x for RMS(x) but takes
+   memo[0] (a quarter of the step's memory traffic); pass 2 then checks that
+   the x it read adds up to exactly memo[0] (the same loop, order and
+   threads as the sum that made it). If not (x was changed between steps,
+   e.g. through .data, which no version counter sees), the step size was
+   wrong and a fix-up pass redoes the step from what pass 2 wrote, and the
+   next step reads x in pass 1 again. Either way the step is the one RMS(x)
+   of the x actually read gives. */
+#define NPTR 7
 #define NF 8
 
 typedef struct {
@@ -137,9 +155,17 @@ typedef struct {
   float *x;
   const float *g;
   float *mom, *row, *col, *rms;
+  double *memo;
   const double *f;
   double *out;
+  int read_x; /* pass 1 reads x for RMS(x) */
 } job_t;
+
+/* max(eps2, RMS(x)) rho, or rho without scale_parameter */
+static double step_size(const job_t *j, double xsq) {
+  const double rms_x = sqrt(xsq / ((double)j->n * (double)j->m));
+  return j->rms ? (rms_x > j->f[3] ? rms_x : j->f[3]) * j->f[4] : j->f[4];
+}
 
 static job_t job_at(int64_t k, const int64_t *dims, void *const *ptrs, const double *f, double *out) {
   job_t j;
@@ -151,12 +177,15 @@ static job_t job_at(int64_t k, const int64_t *dims, void *const *ptrs, const dou
   j.row = (float *)ptrs[NPTR * k + 3];
   j.col = (float *)ptrs[NPTR * k + 4];
   j.rms = (float *)ptrs[NPTR * k + 5];
+  j.memo = j.rms && j.m ? (double *)ptrs[NPTR * k + 6] : 0;
   j.f = f + NF * k;
-  j.out = out ? out + 3 * k : 0;
+  j.out = out ? out + 4 * k : 0;
+  /* the memo is trusted only where the fix-up can undo a wrong step size: 1 - decay well above 0 */
+  j.read_x = j.rms && !(j.memo && j.memo[1] == 0.0 && j.memo[0] == j.memo[0] && j.f[7] * step_size(&j, j.memo[0]) < 0.5);
   return j;
 }
 
-/* Pass 1 over rows [lo, hi) of a factored job: reads g (and x when j->rms),
+/* Pass 1 over rows [lo, hi) of a factored job: reads g (and x when j->read_x),
    updates row[lo..hi) to R_t and adds sum_i g^2 and sum_i g^2 / R_i of these
    rows to sq[m] and w[m]; returns sum x^2 of these rows. Rows go four at a
    time: first each row's sums (g and x one row after the other, so memory
@@ -176,7 +205,7 @@ static CLONES double stats_rows(const job_t *j, int64_t lo, int64_t hi, float *R
     for (int64_t r = 0; r < rows; ++r) {
       const float *RESTRICT gi = j->g + (i0 + r) * m;
       float s = 0.0f;
-      if (j->rms) {
+      if (j->read_x) {
         const float *RESTRICT xi = j->x + (i0 + r) * m;
         float q = 0.0f;
 #pragma omp simd reduction(+ : s, q)
@@ -222,7 +251,8 @@ static CLONES double stats_rows(const job_t *j, int64_t lo, int64_t hi, float *R
 /* Between the passes, O(n + m): C_t into col from the column sums sq, the
    factors c (into cf, m) and r (into rf, n, with the step size and sign in
    it), RMS(U) = sqrt(mean(R) sum_j w_j / C_j / (n m)) (see _kernels), the
-   step size; stores RMS(x). Returns the decay factor wd * step size. */
+   step size; stores RMS(x) (from xsq, or memo[0] when pass 1 did not read x).
+   Returns the decay factor wd * step size. */
 static float factors(const job_t *j, const float *sq, const float *w, double xsq, float *RESTRICT cf, float *RESTRICT rf) {
   const int64_t n = j->n, m = j->m;
   const float beta2t = (float)j->f[0], inv_s2 = (float)(j->f[1] * j->f[1]), b = (1.0f - beta2t) * (float)j->f[2];
@@ -236,15 +266,16 @@ static float factors(const job_t *j, const float *sq, const float *w, double xsq
     wsum += (double)w[k] / ck;
     cf[k] = 1.0f / sqrtf(ck);
   }
+  if (j->rms && !j->read_x) xsq = j->memo[0];
   const double rms_u = sqrt(wsum * row_mean * inv_s2 / ((double)n * (double)m));
   const double rms_x = sqrt(xsq / ((double)n * (double)m));
-  const double rho = j->f[4], clip = j->f[5], beta1 = j->f[6];
-  const double step = j->rms ? (rms_x > j->f[3] ? rms_x : j->f[3]) * rho : rho;
+  const double clip = j->f[5], beta1 = j->f[6];
+  const double step = step_size(j, xsq);
   const double lr = step / (rms_u / clip > 1.0 ? rms_u / clip : 1.0) * j->f[1];
   const float rs = j->mom ? (float)((1.0 - beta1) * lr) : (float)(-lr);
   for (int64_t i = 0; i < n; ++i) rf[i] = rs / sqrtf(j->row[i] / row_mean);
   if (j->rms) *j->rms = (float)rms_x;
-  if (j->out) { j->out[0] = rms_x; j->out[1] = step; j->out[2] = rms_u; }
+  if (j->out) { j->out[0] = rms_x; j->out[1] = step; j->out[2] = rms_u; j->out[3] = j->read_x; }
   return (float)(j->f[7] * step);
 }
 
@@ -253,19 +284,46 @@ static float factors(const job_t *j, const float *sq, const float *w, double xsq
    the hardware prefetcher still sees long ascending runs when rows are
    short): reads g, x (and mom), writes x (and mom):
      x -= decay x;  x += g c r                          (no mom), or
-     mom = beta1 mom + g c r;  x -= decay x;  x -= mom  (r carries (1 - beta1) lr). */
+     mom = beta1 mom + g c r;  x -= decay x;  x -= mom  (r carries (1 - beta1) lr).
+   With sums (a job with a memo): sums[0], sums[1] = sum x^2 of the x read
+   and of the x written, row by row in float lanes, rows added in double. */
 static CLONES void apply_rows(const job_t *j, int64_t lo, int64_t hi, const float *RESTRICT cf, const float *RESTRICT rf,
-                              float decay) {
+                              float decay, double *sums) {
   const int64_t m = j->m;
   const float beta1 = (float)j->f[6];
   const int64_t block = m >= 16384 ? 1 : 16384 / m;
+  double read_sq = 0.0, written_sq = 0.0;
   for (int64_t b_hi = hi; b_hi > lo; b_hi -= block)
   for (int64_t i = b_hi - block > lo ? b_hi - block : lo; i < b_hi; ++i) {
     float *RESTRICT xi = j->x + i * m;
     const float *RESTRICT gi = j->g + i * m;
     const float ri = rf[i];
-    if (j->mom) {
-      float *RESTRICT mi = j->mom + i * m;
+    float *RESTRICT mi = j->mom ? j->mom + i * m : 0;
+    if (sums) {
+      float qr = 0.0f, qw = 0.0f;
+      if (mi) {
+#pragma omp simd reduction(+ : qr, qw)
+        for (int64_t k = 0; k < m; ++k) {
+          const float xr = xi[k];
+          mi[k] = beta1 * mi[k] + gi[k] * cf[k] * ri;
+          const float xw = (xr - decay * xr) - mi[k];
+          xi[k] = xw;
+          qr += xr * xr;
+          qw += xw * xw;
+        }
+      } else {
+#pragma omp simd reduction(+ : qr, qw)
+        for (int64_t k = 0; k < m; ++k) {
+          const float xr = xi[k];
+          const float xw = (xr - decay * xr) + gi[k] * cf[k] * ri;
+          xi[k] = xw;
+          qr += xr * xr;
+          qw += xw * xw;
+        }
+      }
+      read_sq += (double)qr;
+      written_sq += (double)qw;
+    } else if (mi) {
 #pragma omp simd
       for (int64_t k = 0; k < m; ++k) {
         mi[k] = beta1 * mi[k] + gi[k] * cf[k] * ri;
@@ -276,6 +334,57 @@ static CLONES void apply_rows(const job_t *j, int64_t lo, int64_t hi, const floa
       for (int64_t k = 0; k < m; ++k) xi[k] = (xi[k] - decay * xi[k]) + gi[k] * cf[k] * ri;
     }
   }
+  if (sums) { sums[0] = read_sq; sums[1] = written_sq; }
+}
+
+/* The fix-up pass over rows [lo, hi), for a step taken with memo[0] when the
+   x pass 2 read did not add up to it: pass 2 used step size s_w (row factors
+   rf, decay dw = wd s_w), the right one is s_c = ratio s_w. From what pass 2
+   wrote, x before the step is x0 = (x_w - g c r) / (1 - dw), or (x_w + mom_w)
+   / (1 - dw) with mom_w = beta1 mom + g c r; the step redone from it:
+     x = (x0 - dc x0) + g c r ratio,  or  mom = mom_w + g c r (ratio - 1);  x = (x0 - dc x0) - mom.
+   (read_x ensured 1 - dw >= 0.5.) */
+static CLONES void fix_rows(const job_t *j, int64_t lo, int64_t hi, const float *RESTRICT cf, const float *RESTRICT rf,
+                            float ratio, float dw, float dc) {
+  const int64_t m = j->m;
+  const float undo = 1.0f / (1.0f - dw);
+  for (int64_t i = lo; i < hi; ++i) {
+    float *RESTRICT xi = j->x + i * m;
+    const float *RESTRICT gi = j->g + i * m;
+    const float ri = rf[i];
+    if (j->mom) {
+      float *RESTRICT mi = j->mom + i * m;
+#pragma omp simd
+      for (int64_t k = 0; k < m; ++k) {
+        const float u = gi[k] * cf[k] * ri, x0 = (xi[k] + mi[k]) * undo;
+        mi[k] += u * (ratio - 1.0f);
+        xi[k] = (x0 - dc * x0) - mi[k];
+      }
+    } else {
+#pragma omp simd
+      for (int64_t k = 0; k < m; ++k) {
+        const float u = gi[k] * cf[k] * ri, x0 = (xi[k] - u) * undo;
+        xi[k] = (x0 - dc * x0) + u * ratio;
+      }
+    }
+  }
+}
+
+/* After pass 2 of a job with a memo, from the sum of the x it read: records
+   whether x had changed since these loops wrote it (memo[1]; left as it is
+   when memo[0] is unknown), and returns whether the step used memo[0] for a
+   changed x and needs fix_rows, with *ratio and *dc for it (RMS(x), the step
+   size are then set right). */
+static int check_memo(const job_t *j, double read_sq, float *ratio, float *dc) {
+  if (j->memo[0] == j->memo[0]) j->memo[1] = read_sq != j->memo[0];
+  if (j->read_x || j->memo[1] == 0.0) return 0;
+  const double used = step_size(j, j->memo[0]), right = step_size(j, read_sq);
+  const double rms_x = sqrt(read_sq / ((double)j->n * (double)j->m));
+  *ratio = (float)(right / used);
+  *dc = (float)(j->f[7] * right);
+  *j->rms = (float)rms_x;
+  if (j->out) { j->out[0] = rms_x; j->out[1] = right; }
+  return 1;
 }
 
 /* The whole step of a vector (Algorithm 5, full second moment v), two passes. */
@@ -308,7 +417,7 @@ static CLONES void vector_job(const job_t *j) {
     }
   }
   if (j->rms) *j->rms = (float)rms_x;
-  if (j->out) { j->out[0] = rms_x; j->out[1] = step; j->out[2] = rms_u; }
+  if (j->out) { j->out[0] = rms_x; j->out[1] = step; j->out[2] = rms_u; j->out[3] = j->rms != 0; }
 }
 
 /* One factored job by one thread; scratch: 3 m + n floats. */
@@ -318,7 +427,13 @@ static void matrix_job(const job_t *j, float *scratch) {
   memset(sq, 0, 2 * m * sizeof(float));
   const double xsq = stats_rows(j, 0, j->n, sq, w);
   const float decay = factors(j, sq, w, xsq, cf, rf);
-  apply_rows(j, 0, j->n, cf, rf, decay);
+  double sums[2];
+  apply_rows(j, 0, j->n, cf, rf, decay, j->memo ? sums : 0);
+  if (!j->memo) return;
+  float ratio, dc;
+  const int fix = check_memo(j, sums[0], &ratio, &dc);
+  if (fix) fix_rows(j, 0, j->n, cf, rf, ratio, decay, dc);
+  j->memo[0] = fix ? NAN : sums[1]; /* after a fix-up: unknown (its sum would not come out as pass 2's) */
 }
 
 static int64_t round16(int64_t k) { return (k + 15) & ~(int64_t)15; }
@@ -355,9 +470,9 @@ int adafactor_step_batch(int64_t count, const int64_t *dims, void *const *ptrs, 
   for (int64_t k = 0; k < count; ++k) /* the rest, in their order */
     if (!(dims[2 * k + 1] == 0 || dims[2 * k] * dims[2 * k + 1] < shared_min || threads == 1))
       order[whole + shared++] = (order_t){dims[2 * k] * dims[2 * k + 1], k};
-  /* per thread: 3 m + n floats (a whole job, or 2 m of partial sums); shared: m + n, and a double per thread */
+  /* per thread: 3 m + n floats (a whole job, or 2 m of partial sums); shared: m + n, and 3 doubles per thread */
   const int64_t per_thread = round16(3 * max_m + max_n);
-  float *mem = (float *)malloc((size_t)(threads * per_thread + round16(max_m) + round16(max_n) + 2 * threads + 16) *
+  float *mem = (float *)malloc((size_t)(threads * per_thread + round16(max_m) + round16(max_n) + 6 * threads + 16) *
                                sizeof(float));
   if (!mem) {
     free(order);
@@ -365,8 +480,9 @@ int adafactor_step_batch(int64_t count, const int64_t *dims, void *const *ptrs, 
   }
   float *base = (float *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
   float *cf = base + threads * per_thread, *rf = cf + round16(max_m);
-  double *xsqs = (double *)(rf + round16(max_n));
-  float decay = 0.0f;
+  double *xsqs = (double *)(rf + round16(max_n)), *sums = xsqs + threads; /* 2 per thread */
+  float decay = 0.0f, ratio = 1.0f, dc = 0.0f;
+  int fix = 0;
 #pragma omp parallel num_threads(threads)
   {
     int t = 0, nt = 1;
@@ -401,7 +517,23 @@ int adafactor_step_batch(int64_t count, const int64_t *dims, void *const *ptrs, 
         }
         decay = factors(&j, base, base + j.m, xsq, cf, rf);
       } /* implicit barrier */
-      apply_rows(&j, lo, hi, cf, rf, decay);
+      apply_rows(&j, lo, hi, cf, rf, decay, j.memo ? sums + 2 * t : 0);
+      if (!j.memo) continue;
+#pragma omp barrier
+#pragma omp single
+      {
+        double read_sq = 0.0;
+        for (int u = 0; u < nt; ++u) read_sq += sums[2 * u];
+        fix = check_memo(&j, read_sq, &ratio, &dc);
+      } /* implicit barrier */
+      if (fix) fix_rows(&j, lo, hi, cf, rf, ratio, decay, dc);
+#pragma omp barrier
+#pragma omp single
+      {
+        double written_sq = 0.0;
+        for (int u = 0; u < nt; ++u) written_sq += sums[2 * u + 1];
+        j.memo[0] = fix ? NAN : written_sq;
+      } /* implicit barrier */
     }
   }
   free(mem);
@@ -566,13 +698,17 @@ class Batch:
     def add(
         self, param: Tensor, grad: Tensor, exp_avg: Tensor | None, stats: Sequence[Tensor], rms: Tensor | None,
         scalars: tuple[float, float, float, float, float, float, float, float], *, strict: bool = False,
+        memo: int = 0,
     ) -> tuple[int, ...] | None:
         """Add the step of one parameter: a matrix (``stats`` = row, col
         statistics) or a vector or scalar (``stats`` = the full second moment).
         ``rms`` (the 0-dim state, or ``None`` without scale_parameter) receives
         RMS(X). ``scalars``: beta2t, inv_scale, eps1, eps2, rho, clip_threshold,
-        beta1, weight_decay. Returns the state's pointers (exp_avg, stats, rms;
-        0 for an absent one) if it was added, so :meth:`add_known` can take the
+        beta1, weight_decay. ``memo``: the address of a matrix's two doubles
+        that let pass 1 skip reading X (see SOURCE; NaN and 0 to start, kept
+        by the caller as long as it hands over the same state), or 0.
+        Returns the state's pointers (exp_avg, stats, rms, memo; 0 for an
+        absent one) if it was added, so :meth:`add_known` can take the
         same state next step unchecked; ``None`` if a tensor is one the loops
         cannot take (with ``strict``: a ``ValueError`` saying why)."""
         shape = param.shape
@@ -594,7 +730,7 @@ class Batch:
         rms_ptr = None if rms is None else check("RMS", rms, ())
         if None in (x, g, *stat_ptrs) or (exp_avg is None) != (mom is None) or (rms is None) != (rms_ptr is None):
             return None
-        state = (mom or 0, stat_ptrs[0], stat_ptrs[1] if len(stat_ptrs) == 2 else 0, rms_ptr or 0)
+        state = (mom or 0, stat_ptrs[0], stat_ptrs[1] if len(stat_ptrs) == 2 else 0, rms_ptr or 0, memo)
         self.add_known(dims, x, g, state, scalars)  # type: ignore[arg-type]
         return state
 
@@ -602,15 +738,16 @@ class Batch:
         self, dims: tuple[int, int], x: int, g: int, state: tuple[int, ...], scalars: tuple[float, ...]
     ) -> None:
         """Add a job whose pointers were all checked (:func:`_pointer`): ``x``
-        and ``g`` this step, ``state`` (exp_avg, row or v, col, rms) by
+        and ``g`` this step, ``state`` (exp_avg, row or v, col, rms, memo) by
         :meth:`add` on the same tensors, holding the same memory."""
         self.dims.extend(dims)
         self.ptrs.extend((x, g, *state))
         self.scalars.extend(scalars)
 
     def run(self, out: ctypes.Array | None = None) -> None:
-        """Step every job added (nothing if none); ``out`` receives three
-        doubles per job (RMS(X) before the step, step size, RMS(U))."""
+        """Step every job added (nothing if none); ``out`` receives four
+        doubles per job (RMS(X) before the step, step size, RMS(U), whether
+        pass 1 read X)."""
         count = len(self)
         if not count:
             return
@@ -621,8 +758,8 @@ class Batch:
             )
         # array() copies a list in C: a ctypes array built from the same list costs ~10 us per job
         dims, ptrs, scalars = array("q", self.dims), array("Q", self.ptrs), array("d", self.scalars)
-        if out is not None and len(out) < 3 * count:
-            raise ValueError(f"Adafactor C kernel: out holds {len(out)} doubles, {3 * count} needed.")
+        if out is not None and len(out) < 4 * count:
+            raise ValueError(f"Adafactor C kernel: out holds {len(out)} doubles, {4 * count} needed.")
         status = self._lib.adafactor_step_batch(
             count, dims.buffer_info()[0], ptrs.buffer_info()[0], scalars.buffer_info()[0], out, SHARED_MIN,
             torch.get_num_threads(),
@@ -646,7 +783,7 @@ def _one(
     batch = Batch(lib)
     rms = torch.zeros((), dtype=torch.float32) if scale_parameter else None
     batch.add(param, grad, exp_avg, stats, rms, _scalars(**hparams), strict=True)
-    out = (ctypes.c_double * 3)()
+    out = (ctypes.c_double * 4)()
     batch.run(out)
     return out[0], out[1]
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -432,14 +433,17 @@ class Adafactor(Optimizer):
         stats = tuple(state[k] for k in keys if k.startswith("exp_avg_sq"))
         exp_avg = state["exp_avg"] if beta1 is not None else None
         rms = state["RMS"] if group["scale_parameter"] else None
-        ptrs = batch.add(p, p.grad, exp_avg, stats, rms, scalars)
+        # RMS(X) as the loops last wrote X, checked as they next read it (see _cpu_kernel.SOURCE): new state, new memo
+        memo = array("d", (math.nan, 0.0)) if rms is not None and len(stats) == 2 else None
+        ptrs = batch.add(p, p.grad, exp_avg, stats, rms, scalars, memo=0 if memo is None else memo.buffer_info()[0])
         if ptrs is None:
             self._known.pop(p, None)
             return False
         self._known[p] = (
-            (beta1 is None, group["scale_parameter"]),
+            (beta1 is None, group["scale_parameter"], p.shape),  # p.shape: the sizes the loops trust
             tuple((key, weakref.ref(state[key]), state[key].shape, ptrs[_POINTER_SLOT[key]]) for key in keys),
             ptrs,
+            memo,  # alive as long as its address is in ptrs
         )
         return True
 
@@ -467,9 +471,12 @@ class Adafactor(Optimizer):
         entry = self._known.get(p)
         if entry is None:
             return None
-        kind, tensors, ptrs = entry
+        kind, tensors, ptrs, _ = entry
         state = self.state.get(p)
-        if state is None or kind != (group["beta1"] is None, group["scale_parameter"]) or type(state.get("step")) is not int:
+        if (
+            state is None or kind != (group["beta1"] is None, group["scale_parameter"], p.shape)
+            or type(state.get("step")) is not int
+        ):
             return None
         for key, ref, shape, ptr in tensors:
             t = state.get(key)
