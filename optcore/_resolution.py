@@ -1,26 +1,15 @@
 """``Registry``: the names of one kind, resolved in API.md's order.
 
-Optimizers (:mod:`optcore._registry`) and schedulers
-(:mod:`optcore.schedulers`) are two instances of this one machine, so both
-kinds resolve, shadow, list and register the same way:
-
-1. the kind's built-in sources (``torch.optim``, then for optimizers the
-   installed third-party packages of :mod:`optcore._packages`);
-2. dotted paths (:mod:`optcore._import_paths`);
-3. ``register_*`` calls in user code, then entry points of the kind's group.
-
-The first place that has a name wins; the others are kept on the winning spec
-as ``shadowed``. A qualified name picks one place explicitly: a source
+Optimizers (:mod:`optcore._registry`) and schedulers (:mod:`optcore.schedulers`)
+are two instances of this one machine, so both kinds resolve, shadow, list and
+register the same way. A qualified name picks one place: a source
 (``"torch:Adafactor"``, ``"user:MyOpt"``), a provider (``"optcore-lion:Lion"``,
-``"optcore_lion:Lion"``, ``"pytorch_optimizer:Lion"``) or an import path
-(``"pkg.mod:Class"``, ``"pkg.mod.Class"``).
+``"pytorch_optimizer:Lion"``) or an import path (``"pkg.mod:Class"``).
 
-A plain name that none of these tables has is then asked of the installed
-packages that keep a registry of their own (pytorch_optimizer, timm), which
-imports them; listing does only when asked to (``ask_packages=True``). So a
+A plain name that no table has is then asked of the packages that keep a
+registry of their own (pytorch_optimizer, timm), which imports them. So a
 plugin name that only such a registry also has resolves to the plugin,
-unreported. A name longer than :data:`~optcore._names.MAX_NAME_LENGTH` is
-refused before any work.
+unreported.
 """
 
 from __future__ import annotations
@@ -54,8 +43,7 @@ def _is_schema(schema: Any) -> bool:
 
 
 def _check_entry_point(obj: Any, kind: str) -> None:
-    """What an entry point must name: a class or factory, with a pydantic
-    ``config_schema`` if it declares one (else a :class:`PluginLoadError`)."""
+    """A class or factory, with a pydantic ``config_schema`` if it has one."""
     if not callable(obj):
         raise TypeError(f"entry point object {obj!r} is not a {kind} class or factory")
     schema = getattr(obj, "config_schema", None)
@@ -92,16 +80,9 @@ class Registry(ImportPaths):
     def _new_spec(self, **fields: Any) -> OptimizerSpec:
         return self._spec_class(kind=self.kind, reduce_to=self._reduce_to, **fields)
 
-    def _own(self, spec: OptimizerSpec) -> OptimizerSpec:
-        """``spec`` pickling to this registry's resolve function."""
-        if spec.reduce_to is not None or self._reduce_to is None:
-            return spec
-        return dataclasses.replace(spec, reduce_to=self._reduce_to)
-
-    # ------------------------------------------------------------ the sources
     @functools.cached_property
     def _builtins(self) -> list[OptimizerSpec]:
-        return [self._own(spec) for source in self._builtin_sources for spec in source()]
+        return [spec for source in self._builtin_sources for spec in source()]
 
     def _plugin_specs(self, entries: tuple[PluginEntry, ...]) -> list[OptimizerSpec]:
         return [
@@ -130,13 +111,8 @@ class Registry(ImportPaths):
             self._warned.clear()  # a new set of providers: say it again
             return index
 
-    # ------------------------------------------------------------- resolving
     def resolve(self, name: Any, *, allow_import_paths: bool | None = None) -> OptimizerSpec:
-        """The spec for ``name`` (see the module docstring for the forms).
-
-        ``allow_import_paths``: whether a dotted path may import its module
-        (``None``: the ``OPTCORE_ALLOW_IMPORT_PATHS`` switch, default allowed).
-        """
+        """The spec for ``name``; ``allow_import_paths`` as :func:`~optcore._import_paths.import_paths_allowed`."""
         if not isinstance(name, str):
             if callable(name):
                 return self._spec_for_object(name)
@@ -239,27 +215,21 @@ class Registry(ImportPaths):
             where += [f"{dist}'s registry (unreadable: {why})" for dist, why in self.asked.failures.items()]
         return where
 
-    # ---------------------------------------------------------------- listing
     def list(self, all: bool = False, ask_packages: bool = False) -> list[OptimizerSpec]:
         """Every resolvable name once (the winner, with ``shadowed``), or with
-        ``all=True`` every provider of every name. ``ask_packages=True`` adds
-        the names that only the packages' own registries have (76 of
-        pytorch_optimizer's 128 here), which imports those packages."""
+        ``all=True`` every provider of every name; ``ask_packages=True`` adds
+        the names only the packages' own registries have (importing them)."""
         index = self._index()
         if all:
             specs = [spec for specs in index.values() for spec in specs]
         else:
-            specs = [self._quiet_winner(specs) for specs in index.values()]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ShadowedNameWarning)
+                specs = [self._winner(specs) for specs in index.values()]
         if ask_packages and self.asked is not None:
             specs += self.asked.every(index, kind=self.kind, reduce_to=self._reduce_to)
         return specs
 
-    def _quiet_winner(self, specs: list[OptimizerSpec]) -> OptimizerSpec:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ShadowedNameWarning)
-            return self._winner(specs) if len(specs) > 1 else specs[0]
-
-    # ------------------------------------------------------------ registering
     def register(self, name_or_target: Any = None, target: Any = None, *, schema: Any = None, override: bool = False) -> Any:
         """``register(name, cls)``, ``register(cls)``, or as a decorator
         ``@register(name, schema=...)`` / ``@register``."""
