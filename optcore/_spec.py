@@ -1,14 +1,9 @@
 """``OptimizerSpec``: the frozen record of one resolvable name.
 
-A spec knows where a name comes from without importing it: ``target`` (the
-class), ``schema`` and ``capabilities`` are loaded on first access. Listing
-names therefore costs no import of any plugin or third-party package:
-``describe()`` and ``known_capabilities`` read metadata only, and ``loaded``
-says whether touching ``target`` would run a plugin's or a package's code.
-
-A spec pickles as a call of the resolve function of the registry that made it
-(``reduce_to``, given by the registry), so this module needs no import of the
-registry above it.
+A spec knows where a name comes from without importing it: ``target``,
+``schema`` and ``capabilities`` are loaded on first access, so listing imports
+no plugin or package. It pickles as a call of its registry's resolve function
+(``reduce_to``), so this module needs no import of the registry above it.
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
@@ -38,12 +33,7 @@ class Capabilities:
     groups: bool = True
 
     def as_dict(self) -> dict[str, bool]:
-        return {
-            "supports_memory_efficient_fp16": self.memory_efficient_fp16,
-            "supports_step_with_scale": self.step_with_scale,
-            "supports_flat_params": self.flat_params,
-            "supports_groups": self.groups,
-        }
+        return {f"supports_{flag}": value for flag, value in asdict(self).items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,7 +67,6 @@ class OptimizerSpec:
             )
         return (self.reduce_to, (self.qualified,))
 
-    # ----------------------------------------------------------- lazy members
     @cached_property
     def target(self) -> Any:
         """The class or factory (imports its module on first access)."""
@@ -86,8 +75,7 @@ class OptimizerSpec:
 
     @cached_property
     def schema(self) -> Any:
-        """The pydantic model of the hyper-parameters (``.model_json_schema()``
-        exports JSON Schema)."""
+        """The pydantic model of the hyper-parameters."""
         if self.explicit_schema is not None:
             if callable(self.explicit_schema) and not isinstance(self.explicit_schema, type):
                 return self.explicit_schema()  # a loader: keeps pydantic out of listing
@@ -109,22 +97,17 @@ class OptimizerSpec:
 
     @property
     def loaded(self) -> bool:
-        """Whether ``target`` is at hand without importing a plugin or a
-        third-party package (torch's, built-in and registered names; any
-        target already loaded)."""
+        """Whether ``target`` is at hand without importing a plugin or a third-party package."""
         return "target" in self.__dict__ or self.source in _IN_PROCESS
 
     @property
     def known_capabilities(self) -> Capabilities | None:
-        """The capability flags if they can be had without running plugin or
-        package code (see ``loaded``), else ``None``: what a listing shows."""
+        """The capability flags if ``loaded``, else ``None``: what a listing shows."""
         return self.capabilities if self.loaded else None
 
     @property
     def description(self) -> str:
-        """The first paragraph of the target's docstring."""
-        # The class's own docstring: an inherited one ("Base class for all
-        # optimizers.") would describe something else.
+        """The first paragraph of the target's own docstring (not an inherited "Base class for all optimizers.")."""
         own = vars(self.target).get("__doc__") if isinstance(self.target, type) else None
         doc = inspect.cleandoc(own) if own else (inspect.getdoc(self.target) or "")
         return doc.split("\n\n", 1)[0].replace("\n", " ").strip()
