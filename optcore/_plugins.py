@@ -62,10 +62,6 @@ class PluginEntry:
         except BaseException as exc:  # any failure inside a plugin is the plugin's, sys.exit() too
             raise PluginLoadError(self.distribution, f"{self.group}:{self.name} = {self.value}", exc, self.version) from exc
 
-    def loader(self, validate: Callable[[Any], None] | None = None) -> Callable[[], Any]:
-        """A memoised zero-argument loader (specs call it on first use, under their lock)."""
-        return functools.cache(functools.partial(self.load, validate))
-
 
 def autoload_disabled() -> bool:
     return os.environ.get("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in {"", "0", "false", "no"}

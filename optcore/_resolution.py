@@ -26,7 +26,7 @@ from ._import_paths import ImportPaths, import_paths_allowed
 from ._values import short_repr
 from ._names import MAX_NAME_LENGTH, close_matches, normalize
 from ._packages import PackageRegistries
-from ._plugins import PluginEntry, entry_points
+from ._plugins import entry_points
 from ._spec import OptimizerSpec
 
 SOURCES = ("torch", "package", "builtin", "plugin", "user")
@@ -84,28 +84,27 @@ class Registry(ImportPaths):
     def _builtins(self) -> list[OptimizerSpec]:
         return [spec for source in self._builtin_sources for spec in source()]
 
-    def _plugin_specs(self, entries: tuple[PluginEntry, ...]) -> list[OptimizerSpec]:
-        return [
-            self._new_spec(
-                name=e.name,
-                source="plugin",
-                provider=e.distribution or e.module,
-                qualified=f"{e.distribution or e.module}:{e.name}",
-                loader=e.loader(functools.partial(_check_entry_point, kind=self.kind)),
-                version=e.version,
-            )
-            for e in entries
-        ]
-
     def _index(self) -> dict[str, list[OptimizerSpec]]:
         entries = entry_points(self.group)
         key = (self._version, entries)
         cached = self._index_cache
         if cached is not None and cached[0] == key:
             return cached[1]
+        check = functools.partial(_check_entry_point, kind=self.kind)
         with self._lock:
+            plugins = [
+                self._new_spec(
+                    name=e.name,
+                    source="plugin",
+                    provider=e.distribution or e.module,
+                    qualified=f"{e.distribution or e.module}:{e.name}",
+                    loader=functools.cache(functools.partial(e.load, check)),  # specs call it under their lock
+                    version=e.version,
+                )
+                for e in entries
+            ]
             index: dict[str, list[OptimizerSpec]] = {}
-            for spec in [*self._builtins, *self._user.values(), *self._plugin_specs(entries)]:
+            for spec in [*self._builtins, *self._user.values(), *plugins]:
                 index.setdefault(normalize(spec.name), []).append(spec)
             self._index_cache = (key, index)
             self._warned.clear()  # a new set of providers: say it again
@@ -185,11 +184,9 @@ class Registry(ImportPaths):
         if picked:
             return picked[0]
         if self.asked is not None and rest.isidentifier():
-            packages = self.asked.matching(prefix)
-            if packages:
-                found = self.asked.find(rest, packages, kind=self.kind, reduce_to=self._reduce_to)
-                if found:
-                    return found[0]
+            found = self.asked.find(rest, self.asked.matching(prefix), kind=self.kind, reduce_to=self._reduce_to)
+            if found:
+                return found[0]
         return self._resolve_import(prefix, rest, text, allowed)
 
     def _spec_for_object(self, obj: Any, qualified: str | None = None, source: str = "user") -> OptimizerSpec:
