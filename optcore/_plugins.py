@@ -48,8 +48,7 @@ class PluginEntry:
         return self.value.partition(":")[0].strip()
 
     def load(self, validate: Callable[[Any], None] | None = None) -> Any:
-        """Import the entry point's object and check it with ``validate``, or
-        raise :class:`PluginLoadError`."""
+        """The entry point's object, checked with ``validate``, or :class:`PluginLoadError`."""
         from importlib.metadata import EntryPoint  # lazily: listing needs no importlib.metadata
 
         try:
@@ -61,15 +60,6 @@ class PluginEntry:
             raise
         except BaseException as exc:  # any failure inside a plugin is the plugin's, sys.exit() too
             raise PluginLoadError(self.distribution, f"{self.group}:{self.name} = {self.value}", exc, self.version) from exc
-
-
-def autoload_disabled() -> bool:
-    return os.environ.get("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in {"", "0", "false", "no"}
-
-
-def _allowed() -> frozenset[str] | None:
-    raw = os.environ.get("OPTCORE_PLUGINS", "")
-    return frozenset(normalize(part) for part in raw.split(",") if part.strip()) if raw.strip() else None
 
 
 def _metadata_header(info_dir: str) -> tuple[str | None, str | None]:
@@ -167,7 +157,11 @@ def _discover(group: str, allowed: frozenset[str] | None, path: tuple[str, ...])
 def entry_points(group: str) -> tuple[PluginEntry, ...]:
     """The entry points of ``group`` (cached per ``sys.path``; honours the
     environment switches)."""
-    return () if autoload_disabled() else _discover(group, _allowed(), tuple(sys.path))
+    if os.environ.get("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in {"", "0", "false", "no"}:
+        return ()
+    raw = os.environ.get("OPTCORE_PLUGINS", "")
+    allowed = frozenset(normalize(part) for part in raw.split(",") if part.strip()) if raw.strip() else None
+    return _discover(group, allowed, tuple(sys.path))
 
 
 def refresh() -> None:
