@@ -19,8 +19,6 @@ from ._adapt import capabilities
 
 Source = Literal["torch", "package", "builtin", "plugin", "user"]
 _LOAD_LOCK = threading.RLock()
-#: Sources whose targets are at hand without running plugin or package code.
-_IN_PROCESS: tuple[str, ...] = ("torch", "builtin", "user")
 
 
 @dataclass(frozen=True)
@@ -38,11 +36,8 @@ class Capabilities:
 
 @dataclass(frozen=True, eq=False)
 class OptimizerSpec:
-    """One optimizer name and where it comes from.
-
-    ``qualified`` is the explicit spelling that always selects this spec
-    (``"torch:Adafactor"``, ``"optcore_lion:Lion"``, ``"lion_pytorch.Lion"``).
-    """
+    """One optimizer name and where it comes from; ``qualified`` is the spelling
+    that always selects it (``"torch:Adafactor"``, ``"optcore_lion:Lion"``)."""
 
     name: str
     source: Source
@@ -53,7 +48,6 @@ class OptimizerSpec:
     shadowed: tuple[OptimizerSpec, ...] = ()
     version: str | None = None
     kind: str = "optimizer"
-    #: The module-level resolve function of the registry that made this spec.
     reduce_to: Callable[[str], Any] | None = field(default=None, repr=False)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OptimizerSpec:
@@ -90,15 +84,14 @@ class OptimizerSpec:
 
     @cached_property
     def capabilities(self) -> Capabilities:
-        target = self.target
-        if self.kind != "optimizer" or not isinstance(target, type):
+        if self.kind != "optimizer" or not isinstance(self.target, type):
             return Capabilities()
-        return Capabilities(**capabilities(target))
+        return Capabilities(**capabilities(self.target))
 
     @property
     def loaded(self) -> bool:
         """Whether ``target`` is at hand without importing a plugin or a third-party package."""
-        return "target" in self.__dict__ or self.source in _IN_PROCESS
+        return "target" in self.__dict__ or self.source in ("torch", "builtin", "user")
 
     @property
     def known_capabilities(self) -> Capabilities | None:
@@ -119,13 +112,8 @@ class OptimizerSpec:
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary (what ``optcore list --json`` prints)."""
-        out: dict[str, Any] = {
-            "name": self.name,
-            "qualified": self.qualified,
-            "source": self.source,
-            "provider": self.provider,
-            "shadowed": [s.qualified for s in self.shadowed],
-        }
+        out: dict[str, Any] = {key: getattr(self, key) for key in ("name", "qualified", "source", "provider")}
+        out["shadowed"] = [s.qualified for s in self.shadowed]
         if self.version:
             out["version"] = self.version
         return out
