@@ -23,28 +23,21 @@ class OptcoreHookSpecs:
 
     @hookspec
     def optcore_rewrite_config(self, config: dict[str, Any]) -> dict[str, Any] | None:
-        """Turn config keys this plugin owns into plain config, before resolution.
-
-        ``config`` is a fresh optimizer config (a dict with ``type``). Return
-        the config to use instead (the fp16 plugin's wrapper form, in
-        docs/architecture.md), or ``None`` when none of its keys are present.
-        Plugins run in turn, each seeing the previous one's result.
-        """
+        """Turn config keys this plugin owns into plain config, before resolution:
+        return the config to use instead of ``config`` (a fresh dict with
+        ``type``), or ``None`` when none of its keys are present. Plugins run in
+        turn, each seeing the previous one's result."""
 
     @hookspec
     def optcore_config_keys(self) -> dict[str, Any] | None:
-        """The top-level optimizer-config keys this plugin adds, as the JSON
-        Schema of an object (``{"properties": {...}, "$defs": {...}}``), for
-        exported config-file schemas and docs."""
+        """The top-level config keys this plugin adds, as the JSON Schema of an
+        object (``{"properties": ..., "$defs": ...}``), for exported schemas."""
 
     @hookspec
     def optcore_param_group_policies(self, model: Any, config: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """Contribute param-group overrides for ``model``.
-
-        Return a list of ``{"params": "<regex over parameter names>", **hparams}``
-        entries, applied after the defaults and before the config's own
-        ``param_groups`` (which therefore win), or ``None``.
-        """
+        """Contribute ``{"params": "<regex over parameter names>", **hparams}``
+        overrides for ``model``, applied after the defaults and before the
+        config's own ``param_groups`` (which therefore win), or ``None``."""
 
     @hookspec
     def optcore_optimizer_built(self, optimizer: Any, config: dict[str, Any]) -> None:
