@@ -1,10 +1,7 @@
-"""Third-party packages known to ship optimizers, and the classes they ship.
-
-Data, read without importing anything: a package's module is imported only
-when one of its names is built or described; the order is the resolution
-order among packages. A package with a registry of its own (``ask_names``,
-``ask_class``) is also asked for a plain name no table has, and only then
-imported.
+"""Third-party packages known to ship optimizers (data, in resolution order),
+and the classes they ship: a package's module is imported only when one of
+its names is built or described. One with a registry of its own
+(``ask_names``, ``ask_class``) is also asked for a plain name no table has.
 """
 
 from __future__ import annotations

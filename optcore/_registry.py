@@ -1,8 +1,6 @@
-"""The optimizer names: ``resolve``, ``list_optimizers``, ``register_optimizer``.
-
-One :class:`~optcore._resolution.Registry` fed with ``torch.optim`` (with
-optcore's hand-written schemas) and the known third-party packages. A spec
-pickles as a call of this module's :func:`resolve`, so the name
+"""The optimizer names: one :class:`~optcore._resolution.Registry` fed with
+``torch.optim`` (with optcore's hand-written schemas) and the known packages.
+Specs pickle as a call of this module's :func:`resolve`, so the name
 ``optcore._registry.resolve`` is part of every pickled optimizer: it stays.
 """
 

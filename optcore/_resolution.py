@@ -1,15 +1,10 @@
-"""``Registry``: the names of one kind, resolved in API.md's order.
-
-Optimizers (:mod:`optcore._registry`) and schedulers (:mod:`optcore.schedulers`)
-are two instances of this one machine, so both kinds resolve, shadow, list and
-register the same way. A qualified name picks one place: a source
-(``"torch:Adafactor"``, ``"user:MyOpt"``), a provider (``"optcore-lion:Lion"``,
-``"pytorch_optimizer:Lion"``) or an import path (``"pkg.mod:Class"``).
-
-A plain name that no table has is then asked of the packages that keep a
-registry of their own (pytorch_optimizer, timm), which imports them. So a
-plugin name that only such a registry also has resolves to the plugin,
-unreported.
+"""``Registry``: the names of one kind, resolved in API.md's order; optimizers
+(:mod:`optcore._registry`) and schedulers are two instances of this one
+machine. A qualified name picks one place: a source (``"torch:Adafactor"``,
+``"user:MyOpt"``), a provider (``"optcore-lion:Lion"``) or an import path.
+A plain name no table has is then asked of the packages that keep a registry
+of their own, which imports them; so a plugin name that only such a registry
+also has resolves to the plugin, unreported.
 """
 
 from __future__ import annotations

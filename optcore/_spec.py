@@ -1,9 +1,7 @@
-"""``OptimizerSpec``: the frozen record of one resolvable name.
-
-A spec knows where a name comes from without importing it: ``target``,
-``schema`` and ``capabilities`` are loaded on first access, so listing imports
-no plugin or package. It pickles as a call of its registry's resolve function
-(``reduce_to``), so this module needs no import of the registry above it.
+"""``OptimizerSpec``: the frozen record of one resolvable name. ``target``,
+``schema`` and ``capabilities`` load on first access, so listing imports no
+plugin or package; a spec pickles as a call of its registry's resolve
+function (``reduce_to``), so this module needs no import of the registry.
 """
 
 from __future__ import annotations
