@@ -231,10 +231,9 @@ class Registry(ImportPaths):
                     f"register_{self.kind}(name, target): the name must be a string, got {name_or_target!r}."
                 )
             name_or_target, target = None, name_or_target
-        name = name_or_target
 
         def add(obj: Any) -> Any:
-            self._add(name or obj.__name__, obj, schema, override)
+            self._add(name_or_target or obj.__name__, obj, schema, override)
             return obj
 
         return add if target is None else add(target)
