@@ -1,11 +1,6 @@
-"""Extension points beyond "add an optimizer", carried by pluggy.
-
-Adding an optimizer or a scheduler is an entry point (groups
-``optcore.optimizers`` and ``optcore.schedulers``). Everything else a plugin
-may want to change about a build is a hook declared here, with the ``optcore_``
-prefix. Hook plugins are modules or objects named by entry points in group
-``optcore.hooks``; they are loaded the first time a hook is called, never at
-``import optcore``.
+"""Extension points beyond "add an optimizer", carried by pluggy: hooks with the
+``optcore_`` prefix, implemented by modules or objects that entry points in
+group ``optcore.hooks`` name, loaded when a hook is first called.
 """
 
 from __future__ import annotations
@@ -28,30 +23,21 @@ class OptcoreHookSpecs:
 
     @hookspec
     def optcore_rewrite_config(self, config: dict[str, Any]) -> dict[str, Any] | None:
-        """Turn config keys this plugin owns into plain config, before resolution.
-
-        ``config`` is a fresh optimizer config (a dict with ``type``). Return
-        the config to use instead (for example the fp16 plugin turns
-        ``{"type": "AdamW", "precision": "fp16"}`` into
-        ``{"type": "optcore-fp16:FP16Optimizer", "optimizer": {"type": "AdamW"}}``),
-        or ``None`` when none of its keys are present. Plugins run in turn, each
-        seeing the previous one's result; the core validates what comes out.
-        """
+        """Turn config keys this plugin owns into plain config, before resolution:
+        return the config to use instead of ``config`` (a fresh dict with
+        ``type``), or ``None`` when none of its keys are present. Plugins run in
+        turn, each seeing the previous one's result."""
 
     @hookspec
     def optcore_config_keys(self) -> dict[str, Any] | None:
-        """The top-level optimizer-config keys this plugin adds, as the JSON
-        Schema of an object (``{"properties": {...}, "$defs": {...}}``), for
-        exported config-file schemas and docs."""
+        """The top-level config keys this plugin adds, as the JSON Schema of an
+        object (``{"properties": ..., "$defs": ...}``), for exported schemas."""
 
     @hookspec
     def optcore_param_group_policies(self, model: Any, config: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """Contribute param-group overrides for ``model``.
-
-        Return a list of ``{"params": "<regex over parameter names>", **hparams}``
-        entries, applied after the defaults and before the config's own
-        ``param_groups`` (which therefore win), or ``None``.
-        """
+        """Contribute ``{"params": "<regex over parameter names>", **hparams}``
+        overrides for ``model``, applied after the defaults and before the
+        config's own ``param_groups`` (which therefore win), or ``None``."""
 
     @hookspec
     def optcore_optimizer_built(self, optimizer: Any, config: dict[str, Any]) -> None:
@@ -63,10 +49,8 @@ _lock = threading.Lock()
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
-    """The process-wide plugin manager, with the hook plugins of group
-    ``optcore.hooks`` loaded (honouring ``OPTCORE_DISABLE_PLUGIN_AUTOLOAD`` and
-    ``OPTCORE_PLUGINS``). A hook plugin that fails to load is skipped with a
-    warning naming its distribution; it never stops a build."""
+    """The process-wide plugin manager, with the hook plugins loaded; one that
+    fails to load is skipped with a warning naming its distribution."""
     global _manager
     entries = entry_points(HOOKS_GROUP)  # cached; a new tuple after a refresh or a changed environment
     current = _manager
@@ -76,21 +60,17 @@ def get_plugin_manager() -> pluggy.PluginManager:
         if _manager is None or _manager[0] is not entries:
             pm = pluggy.PluginManager("optcore")
             pm.add_hookspecs(OptcoreHookSpecs)
-            _load_hook_plugins(pm, entries)
+            for entry in entries:
+                try:
+                    plugin = entry.load()
+                    if not pm.is_registered(plugin):
+                        pm.register(plugin, name=f"{entry.distribution}:{entry.name}")
+                except Exception as exc:  # noqa: BLE001 - reported: a broken hook plugin never stops a build
+                    if not isinstance(exc, PluginLoadError):
+                        exc = PluginLoadError(entry.distribution, f"{HOOKS_GROUP}:{entry.name}", exc, entry.version)
+                    warnings.warn(str(exc), RuntimeWarning, stacklevel=1)
             _manager = (entries, pm)
         return _manager[1]
-
-
-def _load_hook_plugins(pm: pluggy.PluginManager, entries: Any) -> None:
-    for entry in entries:
-        try:
-            plugin = entry.load()
-            if not pm.is_registered(plugin):
-                pm.register(plugin, name=f"{entry.distribution}:{entry.name}")
-        except Exception as exc:  # noqa: BLE001 - reported, not swallowed: a broken hook plugin never stops a build
-            if not isinstance(exc, PluginLoadError):
-                exc = PluginLoadError(entry.distribution, f"{HOOKS_GROUP}:{entry.name}", exc, entry.version)
-            warnings.warn(str(exc), RuntimeWarning, stacklevel=2)
 
 
 def rewrite_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,19 +1,9 @@
 """Import paths in a config (``"pkg.mod:Class"``, ``"pkg.mod.Class"``), and the
-rules that keep them safe.
-
-It is its own module because it is the one place where a config string makes
-optcore import a module, so the rules sit together where a reviewer reads them:
-
-- an import path may name only a class of the registry's kind (a
-  ``torch.optim.Optimizer`` subclass; for schedulers an ``LRScheduler``
-  subclass or ``ReduceLROnPlateau``) or a factory that was registered or is
-  declared by an entry point. Anything else is a :class:`ConfigError`
-  raised here, before anything is called;
-- importing the named module runs its code, so import paths can be turned
-  off: ``allow_import_paths=False``, or ``OPTCORE_ALLOW_IMPORT_PATHS=0``
-  (``false``/``no``/``off``) when the keyword is ``None``. Then an import
-  path is a :class:`ConfigError` that says how to register the class, and no
-  module is imported.
+rules that keep them safe (docs/security.md): it is the one place where a
+config string makes optcore import a module, so the rules sit together where
+a reviewer reads them. An import path names a class of the registry's kind or
+a registered or declared factory, checked before anything is called, and
+importing can be turned off.
 """
 
 from __future__ import annotations
@@ -45,12 +35,7 @@ def import_paths_allowed(flag: bool | None = None) -> bool:
 
 
 class ImportPaths:
-    """The import-path half of :class:`optcore._resolution.Registry`.
-
-    A mixin: it reads the registry's ``kind``, ``group``, ``_user``,
-    ``_index()``, ``_not_found``, ``_searched()``, ``_all_names()`` and
-    ``_spec_for_object()``.
-    """
+    """The import-path half of :class:`optcore._resolution.Registry`, whose members it reads."""
 
     kind: str
     group: str
@@ -62,15 +47,24 @@ class ImportPaths:
     _spec_for_object: Any
 
     def _resolve_import(self, module: str, attr: str, text: str, allowed: bool) -> OptimizerSpec:
-        """An import path: a class of this kind, or a registered or declared
-        factory; checked here, so that nothing else is ever called."""
+        """A class of this kind, or a registered or declared factory: nothing else is ever called."""
         if not module or not attr or not all(p.isidentifier() for p in [*module.split("."), attr]):
             raise self._not_found(text, self._searched(), close_matches(text, self._all_names(self._index())))
         declared = self._declared(module, attr)
         if declared is not None:  # a registered or plugin name, by its import path: imports nothing here
             return declared
         if not allowed:
-            raise self._import_paths_off(module, attr, text)
+            known = self._index().get(normalize(attr))
+            also = f" {attr!r} is a known name: use type={known[0].qualified!r}." if known else ""
+            raise ConfigError(
+                f"type {short_repr(text, 120)} is an import path, and import paths are turned off "
+                f"(allow_import_paths=False or OPTCORE_ALLOW_IMPORT_PATHS=0), so no module is imported for a config. "
+                f"Name a known {self.kind} instead (`optcore list`), or register the class in code and use its name: "
+                f"`optcore.register_{self.kind}({attr!r}, {module}.{attr})`, or declare it as an entry point in group "
+                f"{self.group!r}.{also}",
+                problems=[("type", "import paths are turned off")],
+                target=text,
+            )
         top = module.partition(".")[0]
         if not is_installed(top):
             raise self._not_found(
@@ -113,8 +107,7 @@ class ImportPaths:
         return self._spec_for_object(obj, qualified=f"{module}:{attr}", source="package")
 
     def _declared(self, module: str, attr: str) -> OptimizerSpec | None:
-        """The registered or entry-point spec whose object is ``module:attr``,
-        found by name (nothing is imported)."""
+        """The registered or entry-point spec whose object is ``module:attr`` (imports nothing)."""
         path = f"{module}:{attr}"
         for spec in self._user.values():
             target = spec.target  # registered objects are in memory
@@ -130,35 +123,17 @@ class ImportPaths:
     def _import_module(self, module: str, text: str) -> Any:
         try:
             return importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            missing = exc.name or ""
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the module's own code failed, sys.exit() too
+            missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
             if missing and (module == missing or module.startswith(missing + ".")):
                 raise self._not_found(
                     text, [f"import path {module}"], [], hint=f"There is no module {missing!r}."
                 ) from None
-            raise self._import_failed(module, text, exc) from exc
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # the module's own code failed, sys.exit() too
-            raise self._import_failed(module, text, exc) from exc
-
-    def _import_failed(self, module: str, text: str, exc: BaseException) -> ConfigError:
-        return ConfigError(
-            f"type {short_repr(text, 120)}: importing module {module} failed ({type(exc).__name__}: {clean_text(exc)}). "
-            "Fix or reinstall the package that provides it.",
-            problems=[("type", "import failed")],
-            target=text,
-        )
-
-    def _import_paths_off(self, module: str, attr: str, text: str) -> ConfigError:
-        known = self._index().get(normalize(attr))
-        also = f" {attr!r} is a known name: use type={known[0].qualified!r}." if known else ""
-        return ConfigError(
-            f"type {short_repr(text, 120)} is an import path, and import paths are turned off (allow_import_paths=False or "
-            f"OPTCORE_ALLOW_IMPORT_PATHS=0), so no module is imported for a config. Name a known {self.kind} "
-            f"instead (`optcore list`), or register the class in code and use its name: "
-            f"`optcore.register_{self.kind}({attr!r}, {module}.{attr})`, or declare it as an entry point in group "
-            f"{self.group!r}.{also}",
-            problems=[("type", "import paths are turned off")],
-            target=text,
-        )
+            raise ConfigError(
+                f"type {short_repr(text, 120)}: importing module {module} failed ({type(exc).__name__}: "
+                f"{clean_text(exc)}). Fix or reinstall the package that provides it.",
+                problems=[("type", "import failed")],
+                target=text,
+            ) from exc

@@ -1,16 +1,7 @@
-"""Third-party packages known to ship optimizers, and the classes they ship.
-
-This is data, read without importing anything: a package's module is imported
-only when one of its names is built or described. A package that is not
-installed simply contributes nothing. The order is the resolution order among
-packages (API.md).
-
-``classes`` are the names listing shows without importing the package. A
-package with a registry of its own (pytorch_optimizer's
-``get_supported_optimizers()``, 128 names; timm's ``list_optimizers()``) is
-also asked for a plain name that none of optcore's tables has, and only then
-imported: ``ask_names`` lists the package's names, ``ask_class`` turns one of
-them into its class.
+"""Third-party packages known to ship optimizers (data, in resolution order),
+and the classes they ship: a package's module is imported only when one of
+its names is built or described. One with a registry of its own
+(``ask_names``, ``ask_class``) is also asked for a plain name no table has.
 """
 
 from __future__ import annotations
@@ -101,8 +92,7 @@ def importable_classes(kind: str) -> tuple[type, ...]:
 
 
 def load_package_class(pkg: KnownPackage, attr: str) -> Any:
-    """A class of optcore's package table (a package, not a plugin: a failure
-    is the package's install, reported as a ConfigError naming it)."""
+    """A class of the table (a failure is the package's install, not a plugin's: a ConfigError)."""
     what = f"{pkg.module}:{attr}"
     try:
         mod = importlib.import_module(pkg.module)
@@ -146,9 +136,7 @@ def what_it_is(obj: Any) -> str:
 
 
 class PackageRegistries:
-    """The registries installed packages keep of their own optimizers: asked
-    only for a name no table has (asking imports the package), each package's
-    names read once per process."""
+    """The registries installed packages keep of their own optimizers, each read once per process."""
 
     def __init__(self, packages: Iterable[KnownPackage], kind: str = "optimizer") -> None:
         self.packages = [p for p in packages if p.ask_names is not None and p.ask_class is not None]
@@ -172,7 +160,7 @@ class PackageRegistries:
             return self._names[pkg.distribution]
 
     def forget(self) -> None:
-        """Read the registries again on next use (after installing a package)."""
+        """Read the registries again (after installing a package)."""
         with self._lock:
             self._names.clear()
             self.failures.clear()
@@ -189,8 +177,7 @@ class PackageRegistries:
         return [self._spec(p, self._names_of(p)[key], **spec_args) for p in pkgs if key in self._names_of(p)]
 
     def every(self, skip: Container[str] = (), **spec_args: Any) -> list[OptimizerSpec]:
-        """A spec for every name of every installed package's registry, less
-        the (normalised) names in ``skip``; names that fail to load are left out."""
+        """A spec for every registry name not in ``skip`` (normalised) that loads."""
         out = []
         for pkg in self.packages:
             for key, spelt in self._names_of(pkg).items():
@@ -200,7 +187,7 @@ class PackageRegistries:
         return out
 
     def all_names(self) -> list[str]:
-        """The names already read (for close matches; imports nothing new)."""
+        """The names already read (for close matches)."""
         return [n for names in self._names.values() for n in names.values()]
 
     def _spec(self, pkg: KnownPackage, spelt: str, **spec_args: Any) -> OptimizerSpec:

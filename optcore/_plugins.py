@@ -1,42 +1,20 @@
 """Entry-point discovery: read once, cache, load only what is asked for.
 
-Reading the metadata imports nothing; a plugin's module is imported when one
-of its names is built or described, and any failure then (``SystemExit`` and
-other ``BaseException`` included, ``KeyboardInterrupt`` excepted) becomes a
-:class:`PluginLoadError` for that name alone.
+Reading the metadata imports nothing; any failure of a plugin's import
+(``SystemExit`` included, ``KeyboardInterrupt`` excepted) is a
+:class:`PluginLoadError` for that name alone. Distributions are read in
+``sys.path`` order, sorted within a path entry, so a name two plugins declare
+resolves the same way on every machine.
 
-Distributions are read in ``sys.path`` order and, within one path entry, in
-sorted order, so that two plugins declaring one name resolve the same way on
-every machine (the other is reported as shadowed). As with
-``importlib.metadata``, the first distribution of a name on ``sys.path``
-wins, and an entry point is listed once.
-
-Why not ``importlib.metadata``: the first look-up of a group in a fresh
-process, after ``import torch, optcore`` (torch imports importlib.metadata
-already), with 50 extra fake distributions on ``sys.path`` (156 in all, 10
-fakes with optcore entry points), median of 7, routes interleaved, on a
-shared 2-core machine at load ~14 (``benchmarks/bench_discovery.py --fakes 50
---runs 7``): this scan 11.3 ms; ``distributions()`` with a
-``read_text("entry_points.txt")`` pre-check 21.1 ms; ``entry_points(group=...)``
-25.1 ms (79.6 ms for the three optcore groups); ``entry_points()`` once, then
-``select`` 31.4 ms. At load ~1 the same run gave 3.4 ms for this scan and
-7.1 ms for ``distributions()`` + pre-check, but that route must read each
-plugin's name and version from its parsed METADATA (this scan takes them from
-the ``.dist-info`` directory's name): with all 50 extra distributions
-declaring optcore entry points (``benchmarks/bench_core.py``'s plugin
-resolution), the first look-up took 37-42 ms on it against 9-10 ms with this
-scan. The standard route costs more than the ~5 ms we would pay to be on it,
-so the scan stays. Path
-entries that are missing (``python311.zip``) are skipped rather than handed
-to importlib.metadata, so a process without torch need not import it (55-100
-ms at that load).
-
-``OPTCORE_DISABLE_PLUGIN_AUTOLOAD=1`` turns discovery off; ``OPTCORE_PLUGINS``
-(comma-separated distribution or entry-point names) keeps only those.
+Why a scan and not ``importlib.metadata``: with 50 distributions declaring
+optcore entry points, the first look-up in a process takes 9-10 ms with this
+scan (names and versions from the ``.dist-info`` directory's name) against
+37-42 ms on the cheapest standard route (``benchmarks/bench_core.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -67,8 +45,7 @@ class PluginEntry:
         return self.value.partition(":")[0].strip()
 
     def load(self, validate: Callable[[Any], None] | None = None) -> Any:
-        """Import the entry point's object and check it with ``validate``, or
-        raise :class:`PluginLoadError`."""
+        """The entry point's object, checked with ``validate``, or :class:`PluginLoadError`."""
         from importlib.metadata import EntryPoint  # lazily: listing needs no importlib.metadata
 
         try:
@@ -81,40 +58,17 @@ class PluginEntry:
         except BaseException as exc:  # any failure inside a plugin is the plugin's, sys.exit() too
             raise PluginLoadError(self.distribution, f"{self.group}:{self.name} = {self.value}", exc, self.version) from exc
 
-    def loader(self, validate: Callable[[Any], None] | None = None) -> Callable[[], Any]:
-        """A memoised zero-argument loader (specs call it on first use, under their lock)."""
-        return functools.cache(functools.partial(self.load, validate))
-
-
-def autoload_disabled() -> bool:
-    return os.environ.get("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in {"", "0", "false", "no"}
-
-
-def _allowed() -> frozenset[str] | None:
-    raw = os.environ.get("OPTCORE_PLUGINS", "")
-    return frozenset(normalize(part) for part in raw.split(",") if part.strip()) if raw.strip() else None
-
 
 def _metadata_header(info_dir: str) -> tuple[str | None, str | None]:
     """Name and Version from a .dist-info/METADATA or .egg-info/PKG-INFO header."""
-    name = version = None
+    from email.parser import HeaderParser
+
     for fname in ("METADATA", "PKG-INFO"):
-        try:
-            with open(os.path.join(info_dir, fname), encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if not line.strip():
-                        break  # end of the header
-                    key, _, value = line.partition(":")
-                    if key == "Name":
-                        name = value.strip()
-                    elif key == "Version":
-                        version = value.strip()
-                    if name and version:
-                        break
-            return name, version
-        except OSError:
-            continue
-    return name, version
+        path = os.path.join(info_dir, fname)
+        with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as fh:
+            header = HeaderParser().parse(fh)
+            return header["Name"], header["Version"]
+    return None, None
 
 
 def _parse_entry_points(text: str) -> dict[str, list[tuple[str, str]]]:
@@ -134,13 +88,8 @@ def _parse_entry_points(text: str) -> dict[str, list[tuple[str, str]]]:
 
 @functools.lru_cache(maxsize=4)
 def _scan(path: tuple[str, ...]) -> dict[str, tuple[PluginEntry, ...]]:
-    """Every ``optcore.*`` entry point of the distributions on ``path``.
-
-    Each ``entry_points.txt`` is read as text and only the files that mention
-    an ``optcore.`` group are parsed, which is what makes the first look-up in
-    a process cheap (see the module docstring). Path entries that are files
-    (zipped eggs) go through ``importlib.metadata``.
-    """
+    """Every ``optcore.*`` entry point of the distributions on ``path``: only
+    the ``entry_points.txt`` files that mention an ``optcore.`` group are parsed."""
     found: dict[str, list[PluginEntry]] = {}
     seen: set[str] = set()
     for entry in path:
@@ -163,8 +112,7 @@ def _scan(path: tuple[str, ...]) -> dict[str, tuple[PluginEntry, ...]]:
                 continue
             if "[optcore." not in text:
                 continue
-            # "{name}-{version}.dist-info" (name normalised with "_"): the
-            # canonical project name and version, without opening METADATA.
+            # "{name}-{version}.dist-info": name and version without opening METADATA
             stem = fname.rsplit(".", 1)[0]
             dist, _, rest = stem.partition("-")
             version = rest.split("-")[0] or None
@@ -206,7 +154,11 @@ def _discover(group: str, allowed: frozenset[str] | None, path: tuple[str, ...])
 def entry_points(group: str) -> tuple[PluginEntry, ...]:
     """The entry points of ``group`` (cached per ``sys.path``; honours the
     environment switches)."""
-    return () if autoload_disabled() else _discover(group, _allowed(), tuple(sys.path))
+    if os.environ.get("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in {"", "0", "false", "no"}:
+        return ()
+    raw = os.environ.get("OPTCORE_PLUGINS", "")
+    allowed = frozenset(normalize(part) for part in raw.split(",") if part.strip()) if raw.strip() else None
+    return _discover(group, allowed, tuple(sys.path))
 
 
 def refresh() -> None:

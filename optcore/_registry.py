@@ -1,12 +1,6 @@
-"""The optimizer names: ``resolve``, ``list_optimizers``, ``register_optimizer``.
-
-One :class:`~optcore._resolution.Registry` (the machine schedulers share) fed
-with the optimizers' own sources, in API.md's order: the classes of
-``torch.optim`` (with optcore's hand-written schemas), then the known
-third-party packages (:mod:`optcore._packages`), then ``register_optimizer``
-calls and entry points in group ``optcore.optimizers``.
-
-A spec pickles as a call of this module's :func:`resolve`, so the name
+"""The optimizer names: one :class:`~optcore._resolution.Registry` fed with
+``torch.optim`` (with optcore's hand-written schemas) and the known packages.
+Specs pickle as a call of this module's :func:`resolve`, so the name
 ``optcore._registry.resolve`` is part of every pickled optimizer: it stays.
 """
 
@@ -44,6 +38,7 @@ def _torch_specs() -> list[OptimizerSpec]:
             loader=(lambda n=n: getattr(torch.optim, n)),
             explicit_schema=functools.partial(_torch_schema, n) if n in TORCH_FACTS else None,
             version=torch.__version__,
+            reduce_to=resolve,
         )
         for n in names
     ]
@@ -56,29 +51,25 @@ def _torch_schema(name: str) -> Any:
 
 
 def _package_specs() -> list[OptimizerSpec]:
-    specs = []
-    for pkg in KNOWN_PACKAGES:
-        if not is_installed(pkg.top_level):
-            continue
-        for cls in pkg.classes:
-            specs.append(
-                OptimizerSpec(
-                    name=cls,
-                    source="package",
-                    provider=pkg.distribution,
-                    qualified=f"{pkg.module}:{cls}",
-                    loader=functools.cache(functools.partial(load_package_class, pkg, cls)),  # loaded once
-                )
-            )
-    return specs
+    return [
+        OptimizerSpec(
+            name=cls,
+            source="package",
+            provider=pkg.distribution,
+            qualified=f"{pkg.module}:{cls}",
+            loader=functools.cache(functools.partial(load_package_class, pkg, cls)),  # loaded once
+            reduce_to=resolve,
+        )
+        for pkg in KNOWN_PACKAGES
+        if is_installed(pkg.top_level)
+        for cls in pkg.classes
+    ]
 
 
 def resolve(name: Any, *, allow_import_paths: bool | None = None) -> OptimizerSpec:
-    """The :class:`OptimizerSpec` for ``name``; raises
-    :class:`OptimizerNotFoundError` with the closest names if none.
-
-    ``allow_import_paths=False`` (or ``OPTCORE_ALLOW_IMPORT_PATHS=0`` when it
-    is ``None``) refuses dotted paths, importing nothing for them."""
+    """The :class:`OptimizerSpec` for ``name``, or :class:`OptimizerNotFoundError`
+    with the closest names. ``allow_import_paths=False`` (or
+    ``OPTCORE_ALLOW_IMPORT_PATHS=0`` when it is ``None``) refuses dotted paths."""
     return OPTIMIZERS.resolve(name, allow_import_paths=allow_import_paths)
 
 
@@ -92,17 +83,15 @@ OPTIMIZERS = Registry(
 
 
 def list_optimizers(all: bool = False, ask_packages: bool = False) -> list[OptimizerSpec]:
-    """Every resolvable optimizer name (``all=True``: shadowed providers too).
-    Nothing of a plugin or package is imported, unless ``ask_packages=True``
-    adds the names that only installed packages' own registries have
-    (pytorch_optimizer's ``Shampoo``, ...), which imports those packages."""
+    """Every resolvable optimizer name (``all=True``: shadowed providers too),
+    importing no plugin or package unless ``ask_packages=True`` adds the names
+    only installed packages' own registries have (pytorch_optimizer's ``Shampoo``)."""
     return OPTIMIZERS.list(all=all, ask_packages=ask_packages)
 
 
 def register_optimizer(name_or_target: Any = None, target: Any = None, *, schema: Any = None, override: bool = False) -> Any:
-    """Register an optimizer class or factory under a name (see API.md for the
-    three spellings). Registering a name twice is an error unless
-    ``override=True``."""
+    """Register an optimizer class or factory under a name (API.md's three
+    spellings); a name registered twice needs ``override=True``."""
     return OPTIMIZERS.register(name_or_target, target, schema=schema, override=override)
 
 

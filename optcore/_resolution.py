@@ -1,26 +1,10 @@
-"""``Registry``: the names of one kind, resolved in API.md's order.
-
-Optimizers (:mod:`optcore._registry`) and schedulers
-(:mod:`optcore.schedulers`) are two instances of this one machine, so both
-kinds resolve, shadow, list and register the same way:
-
-1. the kind's built-in sources (``torch.optim``, then for optimizers the
-   installed third-party packages of :mod:`optcore._packages`);
-2. dotted paths (:mod:`optcore._import_paths`);
-3. ``register_*`` calls in user code, then entry points of the kind's group.
-
-The first place that has a name wins; the others are kept on the winning spec
-as ``shadowed``. A qualified name picks one place explicitly: a source
-(``"torch:Adafactor"``, ``"user:MyOpt"``), a provider (``"optcore-lion:Lion"``,
-``"optcore_lion:Lion"``, ``"pytorch_optimizer:Lion"``) or an import path
-(``"pkg.mod:Class"``, ``"pkg.mod.Class"``).
-
-A plain name that none of these tables has is then asked of the installed
-packages that keep a registry of their own (pytorch_optimizer, timm), which
-imports them; listing does only when asked to (``ask_packages=True``). So a
-plugin name that only such a registry also has resolves to the plugin,
-unreported. A name longer than :data:`~optcore._names.MAX_NAME_LENGTH` is
-refused before any work.
+"""``Registry``: the names of one kind, resolved in API.md's order; optimizers
+(:mod:`optcore._registry`) and schedulers are two instances of this one
+machine. A qualified name picks one place: a source (``"torch:Adafactor"``,
+``"user:MyOpt"``), a provider (``"optcore-lion:Lion"``) or an import path.
+A plain name no table has is then asked of the packages that keep a registry
+of their own, which imports them; so a plugin name that only such a registry
+also has resolves to the plugin, unreported.
 """
 
 from __future__ import annotations
@@ -37,7 +21,7 @@ from ._import_paths import ImportPaths, import_paths_allowed
 from ._values import short_repr
 from ._names import MAX_NAME_LENGTH, close_matches, normalize
 from ._packages import PackageRegistries
-from ._plugins import PluginEntry, entry_points
+from ._plugins import entry_points
 from ._spec import OptimizerSpec
 
 SOURCES = ("torch", "package", "builtin", "plugin", "user")
@@ -54,8 +38,7 @@ def _is_schema(schema: Any) -> bool:
 
 
 def _check_entry_point(obj: Any, kind: str) -> None:
-    """What an entry point must name: a class or factory, with a pydantic
-    ``config_schema`` if it declares one (else a :class:`PluginLoadError`)."""
+    """A class or factory, with a pydantic ``config_schema`` if it has one."""
     if not callable(obj):
         raise TypeError(f"entry point object {obj!r} is not a {kind} class or factory")
     schema = getattr(obj, "config_schema", None)
@@ -92,29 +75,9 @@ class Registry(ImportPaths):
     def _new_spec(self, **fields: Any) -> OptimizerSpec:
         return self._spec_class(kind=self.kind, reduce_to=self._reduce_to, **fields)
 
-    def _own(self, spec: OptimizerSpec) -> OptimizerSpec:
-        """``spec`` pickling to this registry's resolve function."""
-        if spec.reduce_to is not None or self._reduce_to is None:
-            return spec
-        return dataclasses.replace(spec, reduce_to=self._reduce_to)
-
-    # ------------------------------------------------------------ the sources
     @functools.cached_property
     def _builtins(self) -> list[OptimizerSpec]:
-        return [self._own(spec) for source in self._builtin_sources for spec in source()]
-
-    def _plugin_specs(self, entries: tuple[PluginEntry, ...]) -> list[OptimizerSpec]:
-        return [
-            self._new_spec(
-                name=e.name,
-                source="plugin",
-                provider=e.distribution or e.module,
-                qualified=f"{e.distribution or e.module}:{e.name}",
-                loader=e.loader(functools.partial(_check_entry_point, kind=self.kind)),
-                version=e.version,
-            )
-            for e in entries
-        ]
+        return [spec for source in self._builtin_sources for spec in source()]
 
     def _index(self) -> dict[str, list[OptimizerSpec]]:
         entries = entry_points(self.group)
@@ -122,21 +85,28 @@ class Registry(ImportPaths):
         cached = self._index_cache
         if cached is not None and cached[0] == key:
             return cached[1]
+        check = functools.partial(_check_entry_point, kind=self.kind)
         with self._lock:
+            plugins = [
+                self._new_spec(
+                    name=e.name,
+                    source="plugin",
+                    provider=e.distribution or e.module,
+                    qualified=f"{e.distribution or e.module}:{e.name}",
+                    loader=functools.cache(functools.partial(e.load, check)),  # specs call it under their lock
+                    version=e.version,
+                )
+                for e in entries
+            ]
             index: dict[str, list[OptimizerSpec]] = {}
-            for spec in [*self._builtins, *self._user.values(), *self._plugin_specs(entries)]:
+            for spec in [*self._builtins, *self._user.values(), *plugins]:
                 index.setdefault(normalize(spec.name), []).append(spec)
             self._index_cache = (key, index)
             self._warned.clear()  # a new set of providers: say it again
             return index
 
-    # ------------------------------------------------------------- resolving
     def resolve(self, name: Any, *, allow_import_paths: bool | None = None) -> OptimizerSpec:
-        """The spec for ``name`` (see the module docstring for the forms).
-
-        ``allow_import_paths``: whether a dotted path may import its module
-        (``None``: the ``OPTCORE_ALLOW_IMPORT_PATHS`` switch, default allowed).
-        """
+        """The spec for ``name``; ``allow_import_paths`` as :func:`~optcore._import_paths.import_paths_allowed`."""
         if not isinstance(name, str):
             if callable(name):
                 return self._spec_for_object(name)
@@ -209,11 +179,9 @@ class Registry(ImportPaths):
         if picked:
             return picked[0]
         if self.asked is not None and rest.isidentifier():
-            packages = self.asked.matching(prefix)
-            if packages:
-                found = self.asked.find(rest, packages, kind=self.kind, reduce_to=self._reduce_to)
-                if found:
-                    return found[0]
+            found = self.asked.find(rest, self.asked.matching(prefix), kind=self.kind, reduce_to=self._reduce_to)
+            if found:
+                return found[0]
         return self._resolve_import(prefix, rest, text, allowed)
 
     def _spec_for_object(self, obj: Any, qualified: str | None = None, source: str = "user") -> OptimizerSpec:
@@ -239,27 +207,21 @@ class Registry(ImportPaths):
             where += [f"{dist}'s registry (unreadable: {why})" for dist, why in self.asked.failures.items()]
         return where
 
-    # ---------------------------------------------------------------- listing
     def list(self, all: bool = False, ask_packages: bool = False) -> list[OptimizerSpec]:
         """Every resolvable name once (the winner, with ``shadowed``), or with
-        ``all=True`` every provider of every name. ``ask_packages=True`` adds
-        the names that only the packages' own registries have (76 of
-        pytorch_optimizer's 128 here), which imports those packages."""
+        ``all=True`` every provider of every name; ``ask_packages=True`` adds
+        the names only the packages' own registries have (importing them)."""
         index = self._index()
         if all:
             specs = [spec for specs in index.values() for spec in specs]
         else:
-            specs = [self._quiet_winner(specs) for specs in index.values()]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ShadowedNameWarning)
+                specs = [self._winner(specs) for specs in index.values()]
         if ask_packages and self.asked is not None:
             specs += self.asked.every(index, kind=self.kind, reduce_to=self._reduce_to)
         return specs
 
-    def _quiet_winner(self, specs: list[OptimizerSpec]) -> OptimizerSpec:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ShadowedNameWarning)
-            return self._winner(specs) if len(specs) > 1 else specs[0]
-
-    # ------------------------------------------------------------ registering
     def register(self, name_or_target: Any = None, target: Any = None, *, schema: Any = None, override: bool = False) -> Any:
         """``register(name, cls)``, ``register(cls)``, or as a decorator
         ``@register(name, schema=...)`` / ``@register``."""
@@ -269,10 +231,9 @@ class Registry(ImportPaths):
                     f"register_{self.kind}(name, target): the name must be a string, got {name_or_target!r}."
                 )
             name_or_target, target = None, name_or_target
-        name = name_or_target
 
         def add(obj: Any) -> Any:
-            self._add(name or obj.__name__, obj, schema, override)
+            self._add(name_or_target or obj.__name__, obj, schema, override)
             return obj
 
         return add if target is None else add(target)

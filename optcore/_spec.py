@@ -1,14 +1,7 @@
-"""``OptimizerSpec``: the frozen record of one resolvable name.
-
-A spec knows where a name comes from without importing it: ``target`` (the
-class), ``schema`` and ``capabilities`` are loaded on first access. Listing
-names therefore costs no import of any plugin or third-party package:
-``describe()`` and ``known_capabilities`` read metadata only, and ``loaded``
-says whether touching ``target`` would run a plugin's or a package's code.
-
-A spec pickles as a call of the resolve function of the registry that made it
-(``reduce_to``, given by the registry), so this module needs no import of the
-registry above it.
+"""``OptimizerSpec``: the frozen record of one resolvable name. ``target``,
+``schema`` and ``capabilities`` load on first access, so listing imports no
+plugin or package; a spec pickles as a call of its registry's resolve
+function (``reduce_to``), so this module needs no import of the registry.
 """
 
 from __future__ import annotations
@@ -16,7 +9,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
@@ -24,8 +17,6 @@ from ._adapt import capabilities
 
 Source = Literal["torch", "package", "builtin", "plugin", "user"]
 _LOAD_LOCK = threading.RLock()
-#: Sources whose targets are at hand without running plugin or package code.
-_IN_PROCESS: tuple[str, ...] = ("torch", "builtin", "user")
 
 
 @dataclass(frozen=True)
@@ -38,21 +29,13 @@ class Capabilities:
     groups: bool = True
 
     def as_dict(self) -> dict[str, bool]:
-        return {
-            "supports_memory_efficient_fp16": self.memory_efficient_fp16,
-            "supports_step_with_scale": self.step_with_scale,
-            "supports_flat_params": self.flat_params,
-            "supports_groups": self.groups,
-        }
+        return {f"supports_{flag}": value for flag, value in asdict(self).items()}
 
 
 @dataclass(frozen=True, eq=False)
 class OptimizerSpec:
-    """One optimizer name and where it comes from.
-
-    ``qualified`` is the explicit spelling that always selects this spec
-    (``"torch:Adafactor"``, ``"optcore_lion:Lion"``, ``"lion_pytorch.Lion"``).
-    """
+    """One optimizer name and where it comes from; ``qualified`` is the spelling
+    that always selects it (``"torch:Adafactor"``, ``"optcore_lion:Lion"``)."""
 
     name: str
     source: Source
@@ -63,7 +46,6 @@ class OptimizerSpec:
     shadowed: tuple[OptimizerSpec, ...] = ()
     version: str | None = None
     kind: str = "optimizer"
-    #: The module-level resolve function of the registry that made this spec.
     reduce_to: Callable[[str], Any] | None = field(default=None, repr=False)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OptimizerSpec:
@@ -77,7 +59,6 @@ class OptimizerSpec:
             )
         return (self.reduce_to, (self.qualified,))
 
-    # ----------------------------------------------------------- lazy members
     @cached_property
     def target(self) -> Any:
         """The class or factory (imports its module on first access)."""
@@ -86,8 +67,7 @@ class OptimizerSpec:
 
     @cached_property
     def schema(self) -> Any:
-        """The pydantic model of the hyper-parameters (``.model_json_schema()``
-        exports JSON Schema)."""
+        """The pydantic model of the hyper-parameters."""
         if self.explicit_schema is not None:
             if callable(self.explicit_schema) and not isinstance(self.explicit_schema, type):
                 return self.explicit_schema()  # a loader: keeps pydantic out of listing
@@ -102,29 +82,23 @@ class OptimizerSpec:
 
     @cached_property
     def capabilities(self) -> Capabilities:
-        target = self.target
-        if self.kind != "optimizer" or not isinstance(target, type):
+        if self.kind != "optimizer" or not isinstance(self.target, type):
             return Capabilities()
-        return Capabilities(**capabilities(target))
+        return Capabilities(**capabilities(self.target))
 
     @property
     def loaded(self) -> bool:
-        """Whether ``target`` is at hand without importing a plugin or a
-        third-party package (torch's, built-in and registered names; any
-        target already loaded)."""
-        return "target" in self.__dict__ or self.source in _IN_PROCESS
+        """Whether ``target`` is at hand without importing a plugin or a third-party package."""
+        return "target" in self.__dict__ or self.source in ("torch", "builtin", "user")
 
     @property
     def known_capabilities(self) -> Capabilities | None:
-        """The capability flags if they can be had without running plugin or
-        package code (see ``loaded``), else ``None``: what a listing shows."""
+        """The capability flags if ``loaded``, else ``None``: what a listing shows."""
         return self.capabilities if self.loaded else None
 
     @property
     def description(self) -> str:
-        """The first paragraph of the target's docstring."""
-        # The class's own docstring: an inherited one ("Base class for all
-        # optimizers.") would describe something else.
+        """The first paragraph of the target's own docstring (not an inherited "Base class for all optimizers.")."""
         own = vars(self.target).get("__doc__") if isinstance(self.target, type) else None
         doc = inspect.cleandoc(own) if own else (inspect.getdoc(self.target) or "")
         return doc.split("\n\n", 1)[0].replace("\n", " ").strip()
@@ -136,13 +110,8 @@ class OptimizerSpec:
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary (what ``optcore list --json`` prints)."""
-        out: dict[str, Any] = {
-            "name": self.name,
-            "qualified": self.qualified,
-            "source": self.source,
-            "provider": self.provider,
-            "shadowed": [s.qualified for s in self.shadowed],
-        }
+        out: dict[str, Any] = {key: getattr(self, key) for key in ("name", "qualified", "source", "provider")}
+        out["shadowed"] = [s.qualified for s in self.shadowed]
         if self.version:
             out["version"] = self.version
         return out
