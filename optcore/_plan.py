@@ -116,8 +116,7 @@ def _plan_wrapper(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: Any
 
 
 def _reject_plugin_keys(spec: OptimizerSpec, cfg: dict[str, Any]) -> None:
-    fields = set(spec.schema.model_fields)
-    stray = [k for k in cfg if k in PLUGIN_KEY_HINTS and k not in fields]
+    stray = [k for k in cfg if k in PLUGIN_KEY_HINTS and k not in spec.schema.model_fields]
     if stray:
         needs = sorted({PLUGIN_KEY_HINTS[k] for k in stray})
         raise ConfigError(
@@ -156,31 +155,19 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
     )
     for i, group in enumerate(groups):
         group.update(_validate_overrides(spec, hparams, group, f"{spec.name} param group {group.get('name', i)}"))
-        _apply_lr_scale(group, hparams)
-    implementation = _choose_implementation(spec, hparams, plan_.explicit, groups)
+        # a tensor lr stays a tensor (torch.compile's recipe), one per group: a scheduler fills it in place
+        base, scale = group.get("lr", hparams.get("lr")), group.get("lr_scale")
+        if isinstance(base, torch.Tensor):
+            group["lr"] = base.detach().clone() if scale is None else base * scale
+        elif base is not None and scale is not None:
+            group["lr"] = float(base) * scale
+    implementation = None
+    if spec.source == "torch" and "fused" in hparams:
+        # torch's fused kernel (its fastest path) where the config did not choose and the params allow it
+        if not (plan_.explicit & {"fused", "foreach"} or hparams.get("differentiable") or hparams.get("capturable")):
+            hparams["fused"] = fused_supported([p for g in groups for p in g["params"]])
+        implementation = "fused" if hparams.get("fused") else ("foreach" if hparams.get("foreach") else None)
     return replace(plan_, hparams=MappingProxyType(hparams), groups=tuple(groups), implementation=implementation)
-
-
-def _apply_lr_scale(group: dict[str, Any], hparams: Mapping[str, Any]) -> None:
-    """``lr = base lr * lr_scale``; a tensor lr stays a tensor (torch.compile's
-    recipe), one per group, since a scheduler fills each group's lr in place."""
-    base, scale = group.get("lr", hparams.get("lr")), group.get("lr_scale")
-    if isinstance(base, torch.Tensor):
-        group["lr"] = base.detach().clone() if scale is None else base * scale
-    elif base is not None and scale is not None:
-        group["lr"] = float(base) * scale
-
-
-def _choose_implementation(
-    spec: OptimizerSpec, hparams: dict[str, Any], explicit: frozenset[str], groups: list[dict[str, Any]]
-) -> str | None:
-    """Torch's fused kernel (its fastest path) where the config did not choose
-    and the parameters allow it; writes the choice into ``hparams``."""
-    if spec.source != "torch" or "fused" not in hparams:
-        return None
-    if not (explicit & {"fused", "foreach"} or hparams.get("differentiable") or hparams.get("capturable")):
-        hparams["fused"] = fused_supported([p for g in groups for p in g["params"]])
-    return "fused" if hparams.get("fused") else ("foreach" if hparams.get("foreach") else None)
 
 
 def fused_supported(params: list[torch.Tensor]) -> bool:
