@@ -20,11 +20,8 @@ from .schedulers import build_scheduler
 
 
 def build_optimizer(config: Any, params_or_model: Any, *, allow_import_paths: bool | None = None) -> torch.optim.Optimizer:
-    """Build the optimizer ``config`` describes over ``params_or_model``.
-
-    Returns a ``torch.optim.Optimizer`` with the optcore contract (API.md);
-    ``allow_import_paths`` is :func:`~optcore.plan`'s.
-    """
+    """The optimizer ``config`` describes over ``params_or_model``, with the optcore
+    contract (API.md); ``allow_import_paths`` is :func:`~optcore.plan`'s."""
     return construct(plan(config, params_or_model, allow_import_paths=allow_import_paths))
 
 

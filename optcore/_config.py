@@ -14,8 +14,7 @@ from ._literals import parse_optim_args
 
 def to_plain(config: Any) -> Any:
     """DictConfig and pydantic models, recursively, as dicts and lists."""
-    cls = type(config)
-    if cls.__module__.startswith("omegaconf"):
+    if type(config).__module__.startswith("omegaconf"):
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(config, resolve=True)

@@ -98,11 +98,8 @@ class PluginLoadError(OptcoreError, ImportError):
 
 @contextmanager
 def rejected_config(spec: Any, *, config: Any = None) -> Iterator[None]:
-    """Whatever a constructor raises becomes a :class:`ConfigError` naming the
-    class and the config: third-party classes reject arguments with any
-    exception (their own classes, a bare ``assert lr > 0``, an
-    ``OverflowError``), so every ``Exception`` but ``MemoryError`` is converted.
-    """
+    """Whatever a constructor raises becomes a :class:`ConfigError` naming the class:
+    third-party classes reject arguments with any exception, even a bare ``assert``."""
     try:
         yield
     except (OptcoreError, MemoryError):

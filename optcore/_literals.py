@@ -18,11 +18,9 @@ def parse_literal(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     text = value.strip()
-    lowered = text.lower()
-    if lowered in {"true", "false"}:
-        return lowered == "true"
-    if lowered in {"none", "null"}:
-        return None
+    words = {"true": True, "false": False, "none": None, "null": None}
+    if text.lower() in words:
+        return words[text.lower()]
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):

@@ -27,9 +27,7 @@ def _admits_bool(annotation: Any) -> bool:
         annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return any(_admits_bool(a) for a in typing.get_args(annotation))
-    if annotation is bool:
-        return True
-    return not (isinstance(annotation, type) and issubclass(annotation, (int, float)))
+    return annotation is bool or not (isinstance(annotation, type) and issubclass(annotation, (int, float)))
 
 
 def _boolean_numbers(schema: type[BaseModel], values: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -57,13 +55,9 @@ def _fields_at(schema: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
     model: Any = schema
     for part in path:
         info = getattr(model, "model_fields", {}).get(part)
-        if info is None:
-            return []
-        candidates = [info.annotation, *typing.get_args(info.annotation)]
+        candidates = [] if info is None else [info.annotation, *typing.get_args(info.annotation)]
         model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return []
-    return _field_names(model)
+    return [] if model is None else _field_names(model)
 
 
 #: Other libraries' spellings of well-known hyper-parameters, to answer an unknown field.
@@ -149,8 +143,7 @@ def _strict(annotation: Any, default: Any = inspect.Parameter.empty) -> Any:
     """A signature's annotation with optcore's value rules (:mod:`._values`),
     member by member through unions, tuples and lists."""
     if annotation is float:
-        finite = not (isinstance(default, float) and not math.isfinite(default))
-        return FiniteFloat if finite else NonFiniteFloat
+        return NonFiniteFloat if isinstance(default, float) and not math.isfinite(default) else FiniteFloat
     if annotation is bool:
         return Flag
     if annotation is int:

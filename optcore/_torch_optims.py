@@ -179,10 +179,7 @@ class MuonConfig(HParams):
     adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = None
 
 
-#: name -> schema (the class's name without "Config"; torch's Adafactor is "Adafactor")
+#: torch's class name -> schema: every ``...Config`` above, named without "Config" (and "Torch")
 TORCH_SCHEMAS: dict[str, type[HParams]] = {
-    cls.__name__.removesuffix("Config").removeprefix("Torch"): cls
-    for cls in (SGDConfig, AdamConfig, AdamWConfig, AdamaxConfig, NAdamConfig, RAdamConfig, RMSpropConfig,
-                AdagradConfig, AdadeltaConfig, ASGDConfig, RpropConfig, LBFGSConfig, SparseAdamConfig,
-                TorchAdafactorConfig, MuonConfig)
+    n.removesuffix("Config").removeprefix("Torch"): c for n, c in list(globals().items()) if n.endswith("Config")
 }
