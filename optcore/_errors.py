@@ -1,8 +1,6 @@
-"""The exceptions optcore raises: each says what to do next.
-
-Each is also the standard type callers already catch (``KeyError`` for an
-unknown name, ``ValueError`` for a bad value), so existing ``except`` clauses
-keep working.
+"""The exceptions optcore raises: each says what to do next, and is also the
+standard type callers already catch (``KeyError`` for an unknown name,
+``ValueError`` for a bad value).
 """
 
 from __future__ import annotations

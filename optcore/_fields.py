@@ -75,7 +75,6 @@ class HParams(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         arbitrary_types_allowed=True,
-        validate_default=False,
         populate_by_name=True,
         allow_inf_nan=False,
     )

@@ -32,11 +32,8 @@ PLUGIN_KEY_HINTS = dict.fromkeys(("precision", "memory_efficient", "loss_scaler"
 
 @dataclass(frozen=True)
 class BuildPlan:
-    """Everything decided about an optimizer before it is constructed.
-
-    ``explicit``: the hyper-parameters the config set (the rest are defaults);
-    ``groups`` and ``implementation`` only for a plan made with parameters.
-    """
+    """Everything decided before construction; ``explicit``: the hyper-parameters
+    the config set; ``groups`` and ``implementation`` only with parameters."""
 
     spec: OptimizerSpec
     hparams: Mapping[str, Any]
@@ -63,12 +60,9 @@ class BuildPlan:
 
 
 def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool | None = None) -> BuildPlan:
-    """The :class:`BuildPlan` for ``config`` (over ``params_or_model`` if given).
-
-    Raises what a build would, changing neither the config nor the parameters.
-    ``allow_import_paths=False`` (or ``OPTCORE_ALLOW_IMPORT_PATHS=0``) lets
-    the config name only registered and plugin optimizers.
-    """
+    """The :class:`BuildPlan` for ``config`` (over ``params_or_model`` if given);
+    raises what a build would. ``allow_import_paths=False`` (or
+    ``OPTCORE_ALLOW_IMPORT_PATHS=0``): only registered and plugin optimizers."""
     cfg = rewrite_config(optimizer_config(config))
     spec = resolve(cfg.pop("type"), allow_import_paths=allow_import_paths)
     if spec.is_wrapper:

@@ -1,9 +1,8 @@
 """What a config value means, and how it appears in a message.
 
-Everywhere a config is read, a hyper-parameter is a finite real number (``True``
-is not ``1.0``; an ``inf`` lr leaves non-finite parameters after one step), and
-a switch is a boolean or ``"true"``/``"false"``, never judged by truthiness.
-Messages echo what a user or a plugin wrote only escaped and cut.
+A hyper-parameter is a finite real number (``True`` is not ``1.0``; an ``inf``
+lr leaves non-finite parameters after one step); a switch is a boolean or
+``"true"``/``"false"``, never judged by truthiness.
 """
 
 from __future__ import annotations
