@@ -1,8 +1,7 @@
 """optcore: pick, configure and extend PyTorch optimizers by name.
 
-``import optcore`` is cheap: it imports no plugin, no third-party optimizer
-package and not even pydantic. Each public name below is loaded from its
-module on first use (PEP 562).
+``import optcore`` imports no plugin and not even pydantic: each public name
+below is loaded from its module on first use (PEP 562).
 """
 
 from __future__ import annotations

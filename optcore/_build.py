@@ -1,8 +1,7 @@
 """``build_optimizer`` and ``build``: a :class:`~optcore._plan.BuildPlan`, constructed.
 
-Everything that can be decided without constructing is decided by
-:func:`optcore.plan`; this module only calls the class. A failed build
-changes nothing: the plan is complete before the first constructor runs.
+The plan decides everything before the first constructor runs, so this module
+only calls the classes.
 """
 
 from __future__ import annotations
@@ -21,13 +20,8 @@ from .schedulers import build_scheduler
 
 
 def build_optimizer(config: Any, params_or_model: Any, *, allow_import_paths: bool | None = None) -> torch.optim.Optimizer:
-    """Build the optimizer ``config`` describes over ``params_or_model``.
-
-    Returns a ``torch.optim.Optimizer`` with the optcore contract (API.md).
-    Every problem is an :class:`OptcoreError` naming what to change.
-    ``allow_import_paths=False`` (or ``OPTCORE_ALLOW_IMPORT_PATHS=0``) lets the
-    config name only registered and plugin optimizers, for configs from others.
-    """
+    """The optimizer ``config`` describes over ``params_or_model``, with the optcore
+    contract (API.md); ``allow_import_paths`` is :func:`~optcore.plan`'s."""
     return construct(plan(config, params_or_model, allow_import_paths=allow_import_paths))
 
 
@@ -40,9 +34,8 @@ def construct(plan_: BuildPlan) -> Any:
             return spec.target(inner, **plan_.hparams)
     if plan_.groups is None:
         raise ConfigError(f"The plan for {spec.name} was made without parameters; pass them to optcore.plan().")
-    groups = [dict(g) for g in plan_.groups]
     with rejected_config(spec, config={**plan_.hparams, "type": spec.qualified}):
-        optimizer = _call(spec, groups, dict(plan_.hparams))
+        optimizer = _call(spec, [dict(g) for g in plan_.groups], dict(plan_.hparams))
     optimizer.optcore_spec = spec  # type: ignore[attr-defined]
     get_plugin_manager().hook.optcore_optimizer_built(optimizer=optimizer, config={**plan_.hparams, "type": spec.name})
     return optimizer

@@ -1,9 +1,6 @@
-"""Every accepted spelling of a config, turned into one plain dict.
-
-Accepted: a mapping, a pydantic model, an OmegaConf/Hydra ``DictConfig``, a
-plain string (the type name), and the nested form ``{"optimizer": {...}}``.
-Files (JSON, YAML, TOML) are the applications' to read (:mod:`optcore.files`).
-Nothing is ever ``eval``-ed.
+"""Every accepted spelling of a config (a mapping, a pydantic model, a Hydra
+``DictConfig``, a type name, ``{"optimizer": {...}}``), turned into one plain dict.
+Files are the applications' to read (:mod:`optcore.files`).
 """
 
 from __future__ import annotations
@@ -16,9 +13,8 @@ from ._literals import parse_optim_args
 
 
 def to_plain(config: Any) -> Any:
-    """Recursively convert DictConfig / pydantic models into dicts and lists."""
-    cls = type(config)
-    if cls.__module__.startswith("omegaconf"):
+    """DictConfig and pydantic models, recursively, as dicts and lists."""
+    if type(config).__module__.startswith("omegaconf"):
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(config, resolve=True)
@@ -34,9 +30,8 @@ def to_plain(config: Any) -> Any:
 def typed_config(
     config: Any, what: str = "optimizer", nested: tuple[str, ...] = ("optimizer",), example: str = "{'type': 'AdamW', 'lr': 3e-4}"
 ) -> dict[str, Any]:
-    """``config`` as a fresh dict with a ``type`` key: a type name or class becomes
-    ``{"type": ...}``, and a mapping without ``type`` but with one of the ``nested``
-    keys is unwrapped (``{"optimizer": {...}}``, ``{"lr_scheduler": {...}}``)."""
+    """``config`` as a fresh dict with a ``type`` key; a mapping without one is
+    unwrapped at one of the ``nested`` keys (``{"lr_scheduler": {...}}``)."""
     if isinstance(config, (str, type)) or (
         callable(config) and not isinstance(config, Mapping) and not hasattr(config, "model_dump")
     ):
@@ -67,8 +62,7 @@ def optimizer_config(config: Any) -> dict[str, Any]:
 
 
 def merge_kwargs(cfg: dict[str, Any], key: str) -> None:
-    """Pop ``cfg[key]`` (an HF-style ``"a=1, b=(0.9, 0.99)"`` string or a mapping)
-    and merge it into ``cfg``; a key given both ways is an error."""
+    """Pop ``cfg[key]`` (an ``optim_args`` string or a mapping) into ``cfg``."""
     extra = cfg.pop(key, None)
     if not extra:
         return

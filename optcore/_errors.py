@@ -1,11 +1,6 @@
-"""The exceptions optcore raises.
-
-Every error a user can cause is an :class:`OptcoreError`, and each one says what
-to do next. Where a standard exception type is what callers already catch
-(``KeyError`` for an unknown name, ``ValueError`` for a bad value), the optcore
-error is also that type, so existing ``except`` clauses keep working. Every
-part of a message that a user or a plugin supplied is escaped and cut
-(:func:`~optcore._values.clean_text`).
+"""The exceptions optcore raises: each says what to do next, and is also the
+standard type callers already catch (``KeyError`` for an unknown name,
+``ValueError`` for a bad value).
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ class OptcoreError(Exception):
 
 
 class OptimizerNotFoundError(OptcoreError, KeyError):
-    """A ``type`` name that resolves nowhere: carries the name, the places
-    searched and the closest known names."""
+    """A ``type`` name that resolves nowhere, with the places searched and close names."""
 
     kind = "optimizer"
 
@@ -61,12 +55,8 @@ class SchedulerNotFoundError(OptimizerNotFoundError):
 
 
 class ConfigError(OptcoreError, ValueError):
-    """A configuration that cannot be used as given.
-
-    ``problems`` holds one ``(field, message)`` pair per bad field so that tools
-    can show all of them at once; ``accepted`` lists the fields that would have
-    been accepted.
-    """
+    """A configuration that cannot be used as given: ``problems`` holds one
+    ``(field, message)`` pair per bad field, ``accepted`` the accepted fields."""
 
     def __init__(
         self,
@@ -83,9 +73,7 @@ class ConfigError(OptcoreError, ValueError):
 
 
 class PluginLoadError(OptcoreError, ImportError):
-    """A plugin whose entry point could not be loaded: names the distribution
-    (and its version), the entry point and the cause, so the user knows which
-    package to fix, upgrade or uninstall."""
+    """A plugin entry point that failed to load, naming the distribution to fix."""
 
     def __init__(
         self, distribution: str | None, entry_point: str, cause: BaseException | str, version: str | None = None
@@ -108,18 +96,8 @@ class PluginLoadError(OptcoreError, ImportError):
 
 @contextmanager
 def rejected_config(spec: Any, *, config: Any = None) -> Iterator[None]:
-    """Turn whatever a class's constructor raises about its arguments into a
-    :class:`ConfigError` naming the class and the config, with the original
-    exception as ``__cause__``.
-
-    Third-party constructors validate in every way there is: ``ValueError``,
-    ``TypeError``, their own exception classes (pytorch_optimizer's
-    ``NegativeLRError``), a bare ``assert lr > 0`` (lion-pytorch), an
-    ``OverflowError`` from arithmetic on a huge value. All of them are the
-    user's config being rejected, so every ``Exception`` is converted;
-    ``KeyboardInterrupt``, ``SystemExit`` and ``MemoryError`` (not about the
-    arguments) propagate, and optcore's own errors pass through.
-    """
+    """Whatever a constructor raises becomes a :class:`ConfigError` naming the class:
+    third-party classes reject arguments with any exception, even a bare ``assert``."""
     try:
         yield
     except (OptcoreError, MemoryError):

@@ -1,9 +1,6 @@
-"""The field types hyper-parameter schemas share, and their base class ``HParams``.
-
-Its own module so that every schema (torch's, the schedules', the plugins',
-and those derived from signatures) spells a constraint the same way: a
-learning rate is ``LR`` everywhere, a switch is ``Flag`` (never judged by
-truthiness), and no float takes ``inf`` or ``nan`` unless it says so.
+"""The field types hyper-parameter schemas share, and their base class ``HParams``,
+so that every schema (torch's, the schedules', the plugins', those derived from
+signatures) spells a constraint, and the rules of :mod:`._values`, the same way.
 """
 
 from __future__ import annotations
@@ -17,9 +14,7 @@ from ._literals import parse_literal
 
 
 def _number(value: Any) -> Any:
-    """Before pydantic's number check: parse a literal string, refuse booleans
-    (pydantic would read ``True`` as ``1.0``). ``inf``/``nan`` are refused by
-    the field's ``allow_inf_nan=False``."""
+    """Before pydantic's number check: parse a literal string, refuse booleans."""
     value = parse_literal(value)
     if isinstance(value, bool):
         raise ValueError("a boolean is not a number; write a number such as 0.001")
@@ -27,9 +22,7 @@ def _number(value: Any) -> Any:
 
 
 def _flag(value: Any) -> Any:
-    """Before pydantic's (strict) bool check: a literal string is parsed
-    (``"true"``, ``"none"``), and no other value is read by truthiness
-    (``"false"`` would be true, ``0`` would be false)."""
+    """Before pydantic's strict bool check: parse a literal string, nothing by truthiness."""
     value = parse_literal(value)
     if value is None or isinstance(value, bool):
         return value
@@ -37,10 +30,8 @@ def _flag(value: Any) -> Any:
 
 
 def _keep_tensor(value: Any, handler: Any) -> Any:
-    """A 0-dim floating-point tensor lr (capturable/compiled optimizers) passes
-    through unchanged, after the same checks as a float."""
-    tensor_type = type(value)
-    if tensor_type.__module__.startswith("torch"):
+    """A 0-dim float tensor lr (capturable/compiled optimizers) passes unchanged."""
+    if type(value).__module__.startswith("torch"):
         import torch
 
         if isinstance(value, torch.Tensor):
@@ -56,11 +47,8 @@ def _keep_tensor(value: Any, handler: Any) -> Any:
     return handler(value)
 
 
-# Field types shared by schemas, so constraints read the same everywhere.
 Literalish = BeforeValidator(parse_literal)
-#: a number: literal strings parsed, booleans refused
 Numberish = BeforeValidator(_number)
-#: a boolean switch: True/False or "true"/"false", never truthiness
 Switch = BeforeValidator(_flag)
 Finite = Field(allow_inf_nan=False)
 FiniteFloat = Annotated[float, Finite, Numberish]
@@ -81,15 +69,12 @@ OptionalFlag = Annotated[bool | None, Field(strict=True), Switch]
 
 
 class HParams(BaseModel):
-    """Base class of hyper-parameter schemas: unknown fields are errors,
-    string values that spell literals are parsed first, and no float field
-    takes ``inf`` or ``nan`` unless it says so (``Field(allow_inf_nan=True)``):
-    a non-finite hyper-parameter leaves non-finite parameters after one step."""
+    """Base class of hyper-parameter schemas: unknown fields are errors, and no
+    float takes ``inf`` or ``nan`` unless it says so (``Field(allow_inf_nan=True)``)."""
 
     model_config = ConfigDict(
         extra="forbid",
         arbitrary_types_allowed=True,
-        validate_default=False,
         populate_by_name=True,
         allow_inf_nan=False,
     )

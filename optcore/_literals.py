@@ -1,10 +1,7 @@
-"""Config strings that spell Python literals: ``"(0.9, 0.98)"``, ``"1e-4"``, and
-Hugging Face's ``optim_args`` (``"rank=64, betas=(0.9,0.99)"``).
-
-Its own module, without pydantic, because configs from command lines and
-trainers are strings before any schema is known (``merge_kwargs``, the
-argparse flags). Parsing uses :func:`ast.literal_eval`, which accepts
-literals only: nothing from a config is ever executed.
+"""Config strings that spell Python literals (``"(0.9, 0.98)"``, ``"1e-4"``) and
+Hugging Face's ``optim_args``; without pydantic, because command lines and
+trainers give strings before any schema is known. :func:`ast.literal_eval`
+accepts literals only: nothing from a config is executed.
 """
 
 from __future__ import annotations
@@ -16,39 +13,28 @@ from ._errors import ConfigError
 
 
 def parse_literal(value: Any) -> Any:
-    """Turn a config string that spells a Python literal into its value.
-
-    ``"(0.9, 0.98)"`` -> ``(0.9, 0.98)``, ``"[1, 2]"`` -> ``[1, 2]``,
-    ``"1e-4"`` -> ``0.0001``, ``"true"`` -> ``True``, ``"none"`` -> ``None``.
-    Anything else is returned unchanged (pydantic then reports it).
-    """
+    """The value a config string spells (``"true"`` and ``"none"`` too); anything
+    else unchanged, for pydantic to report."""
     if not isinstance(value, str):
         return value
     text = value.strip()
-    lowered = text.lower()
-    if lowered in {"true", "false"}:
-        return lowered == "true"
-    if lowered in {"none", "null"}:
-        return None
+    words = {"true": True, "false": False, "none": None, "null": None}
+    if text.lower() in words:
+        return words[text.lower()]
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return value
 
 
-def _split_top_level(text: str, sep: str = ",") -> list[str]:
-    parts, depth, current = [], 0, []
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == sep and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current))
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
     return [p.strip() for p in parts if p.strip()]
 
 

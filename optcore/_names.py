@@ -5,10 +5,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-#: The longest ``type`` name resolution looks at. Real names are under 60
-#: characters (the longest import paths under 120); a longer one is refused
-#: before any work, as comparing a 10 MB name with every known one takes
-#: seconds.
+#: The longest ``type`` name resolution looks at (real ones are under 120
+#: characters); comparing a 10 MB name with every known one takes seconds.
 MAX_NAME_LENGTH = 200
 
 

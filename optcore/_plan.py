@@ -1,13 +1,8 @@
 """``plan``: the one road from a config to an optimizer, stopping short of building it.
 
-``build_optimizer`` is ``construct(plan(config, params))``, ``optcore check`` is
-``plan(config)`` without parameters, and the argparse flags and the conformance
-kit validate through it, so a config ``check`` accepts is one the build accepts
-(up to what only the constructor can know). The steps, each done once: config
-forms (:mod:`._config`), plugins' rewrites (:mod:`._hooks`), resolution,
-validation of the hyper-parameters and of every ``param_groups`` override, and,
-with parameters, the groups and the implementation; docs/architecture.md
-follows one config down this road.
+Builds, ``optcore check``, the argparse flags and the conformance kit all go
+through it, so a config ``check`` accepts is one the build accepts; the steps
+are in docs/architecture.md ("The road of a config").
 """
 
 from __future__ import annotations
@@ -28,25 +23,17 @@ from ._registry import resolve
 from ._schema import validate_hparams
 from ._spec import OptimizerSpec
 
-#: Keys of an optimizer config that describe the parameters, not the optimizer:
-#: a wrapper hands them to its inner optimizer.
+#: Keys about the parameters, not the optimizer: a wrapper hands them inward.
 PARAM_KEYS = ("param_groups", "no_decay", "optim_args")
 
-#: Config keys known to come from plugin distributions, for the error when no
-#: installed plugin claims one. A hint only: what the keys mean is the plugin's
-#: business (it rewrites them, see :func:`optcore._hooks.rewrite_config`).
+#: Plugin-owned config keys, only to name the plugin when none claims one.
 PLUGIN_KEY_HINTS = dict.fromkeys(("precision", "memory_efficient", "loss_scaler"), "optcore-fp16")
 
 
 @dataclass(frozen=True)
 class BuildPlan:
-    """Everything decided about an optimizer before it is constructed.
-
-    ``explicit`` are the hyper-parameters the config set (the rest of ``hparams``
-    are schema defaults); ``groups`` and ``implementation`` (the torch path
-    chosen) exist only for a plan made with parameters; ``inner`` is the plan
-    of the optimizer a wrapper wraps.
-    """
+    """Everything decided before construction; ``explicit``: the hyper-parameters
+    the config set; ``groups`` and ``implementation`` only with parameters."""
 
     spec: OptimizerSpec
     hparams: Mapping[str, Any]
@@ -64,52 +51,18 @@ class BuildPlan:
 
     @property
     def param_dtype(self) -> torch.dtype | None:
-        """The dtype the parameters must have before building (a precision
-        wrapper steps half-precision parameters), or ``None`` for any."""
+        """The dtype a precision wrapper needs the parameters in, or ``None``."""
         for plan in (self, *((self.inner,) if self.inner else ())):
             wanted = getattr(plan.spec.target, "param_dtype_for", None)
             if callable(wanted):
                 return wanted(dict(plan.hparams))
         return None
 
-    def describe(self) -> dict[str, Any]:
-        """A JSON-ready account of the plan (what ``optcore show --config`` prints)."""
-        out: dict[str, Any] = {
-            "type": self.spec.qualified,
-            "source": self.spec.source,
-            "provider": self.spec.provider,
-            "hparams": {k: _jsonable(v) for k, v in self.hparams.items()},
-            "explicit": sorted(self.explicit),
-        }
-        if self.group_specs:
-            out["param_groups"] = [{k: _jsonable(v) for k, v in g.items()} for g in self.group_specs]
-        if not self.no_decay:
-            out["no_decay"] = False
-        if self.groups is not None:
-            out["groups"] = [
-                {
-                    "name": g.get("name", str(i)),
-                    "params": len(g["params"]),
-                    "numel": sum(p.numel() for p in g["params"]),
-                    **{k: _jsonable(v) for k, v in g.items() if k not in ("params", "name")},
-                }
-                for i, g in enumerate(self.groups)
-            ]
-        if self.implementation:
-            out["implementation"] = self.implementation
-        if self.inner is not None:
-            out["wraps"] = self.inner.describe()
-        return out
-
 
 def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool | None = None) -> BuildPlan:
-    """The :class:`BuildPlan` for ``config`` (over ``params_or_model`` if given).
-
-    Raises the same :class:`~optcore.OptcoreError` a build would, before
-    anything is constructed; the config and the parameters are not changed.
-    ``allow_import_paths=False`` (or ``OPTCORE_ALLOW_IMPORT_PATHS=0``) lets
-    the config name only registered and plugin optimizers.
-    """
+    """The :class:`BuildPlan` for ``config`` (over ``params_or_model`` if given);
+    raises what a build would. ``allow_import_paths=False`` (or
+    ``OPTCORE_ALLOW_IMPORT_PATHS=0``): only registered and plugin optimizers."""
     cfg = rewrite_config(optimizer_config(config))
     spec = resolve(cfg.pop("type"), allow_import_paths=allow_import_paths)
     if spec.is_wrapper:
@@ -140,7 +93,7 @@ def _plan_wrapper(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: Any
             problems=[("optimizer", "missing")],
         )
     inner_cfg = optimizer_config(cfg.pop("optimizer"))
-    for key in PARAM_KEYS:  # keys about the parameters belong to the inner optimizer
+    for key in PARAM_KEYS:
         if key in cfg:
             if key in inner_cfg:
                 raise ConfigError(
@@ -157,9 +110,7 @@ def _plan_wrapper(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: Any
 
 
 def _reject_plugin_keys(spec: OptimizerSpec, cfg: dict[str, Any]) -> None:
-    """A key a plugin would have rewritten, with that plugin not installed."""
-    fields = set(spec.schema.model_fields)
-    stray = [k for k in cfg if k in PLUGIN_KEY_HINTS and k not in fields]
+    stray = [k for k in cfg if k in PLUGIN_KEY_HINTS and k not in spec.schema.model_fields]
     if stray:
         needs = sorted({PLUGIN_KEY_HINTS[k] for k in stray})
         raise ConfigError(
@@ -173,7 +124,6 @@ def _reject_plugin_keys(spec: OptimizerSpec, cfg: dict[str, Any]) -> None:
 
 
 def _validate_overrides(spec: OptimizerSpec, hparams: Mapping[str, Any], group: Mapping[str, Any], label: str) -> dict[str, Any]:
-    """A param group's hyper-parameter overrides, checked with the schema."""
     overrides = {k: v for k, v in group.items() if k not in GROUP_META_KEYS and k not in MATCH_KEYS}
     if not overrides:
         return {}
@@ -199,33 +149,19 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
     )
     for i, group in enumerate(groups):
         group.update(_validate_overrides(spec, hparams, group, f"{spec.name} param group {group.get('name', i)}"))
-        _apply_lr_scale(group, hparams)
-    implementation = _choose_implementation(spec, hparams, plan_.explicit, groups)
+        # a tensor lr stays a tensor (torch.compile's recipe), one per group: a scheduler fills it in place
+        base, scale = group.get("lr", hparams.get("lr")), group.get("lr_scale")
+        if isinstance(base, torch.Tensor):
+            group["lr"] = base.detach().clone() if scale is None else base * scale
+        elif base is not None and scale is not None:
+            group["lr"] = float(base) * scale
+    implementation = None
+    if spec.source == "torch" and "fused" in hparams:
+        # torch's fused kernel (its fastest path) where the config did not choose and the params allow it
+        if not (plan_.explicit & {"fused", "foreach"} or hparams.get("differentiable") or hparams.get("capturable")):
+            hparams["fused"] = fused_supported([p for g in groups for p in g["params"]])
+        implementation = "fused" if hparams.get("fused") else ("foreach" if hparams.get("foreach") else None)
     return replace(plan_, hparams=MappingProxyType(hparams), groups=tuple(groups), implementation=implementation)
-
-
-def _apply_lr_scale(group: dict[str, Any], hparams: Mapping[str, Any]) -> None:
-    """``lr = base lr * lr_scale`` (checked by :mod:`._group_rules`), keeping the
-    user's type: a tensor lr stays a tensor (torch.compile's recipe), and each
-    group gets its own, since a scheduler fills each group's lr in place."""
-    base, scale = group.get("lr", hparams.get("lr")), group.get("lr_scale")
-    if isinstance(base, torch.Tensor):
-        group["lr"] = base.detach().clone() if scale is None else base * scale
-    elif base is not None and scale is not None:
-        group["lr"] = float(base) * scale
-
-
-def _choose_implementation(
-    spec: OptimizerSpec, hparams: dict[str, Any], explicit: frozenset[str], groups: list[dict[str, Any]]
-) -> str | None:
-    """Use torch's fused kernel where the config did not choose and the device
-    and dtype support it (the fastest path torch has: ~2.7x the default AdamW
-    path at 100M params on CPU). Writes the choice into ``hparams``."""
-    if spec.source != "torch" or "fused" not in hparams:
-        return None
-    if not (explicit & {"fused", "foreach"} or hparams.get("differentiable") or hparams.get("capturable")):
-        hparams["fused"] = fused_supported([p for g in groups for p in g["params"]])
-    return "fused" if hparams.get("fused") else ("foreach" if hparams.get("foreach") else None)
 
 
 def fused_supported(params: list[torch.Tensor]) -> bool:
@@ -234,21 +170,8 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
 
     devices = set(_get_fused_kernels_supported_devices())
     floating = (torch.float16, torch.float32, torch.float64, torch.bfloat16)
-    # Only plain tensors: DTensor (FSDP2) has no sharding rule for the fused
-    # kernels (`aten._fused_sgd_.default`), so sharded params keep torch's default.
+    # DTensor (FSDP2) has no sharding rule for the fused kernels: plain tensors only
     plain = (torch.Tensor, torch.nn.Parameter)
     return bool(params) and all(
         type(p) in plain and p.device.type in devices and p.dtype in floating and not p.is_sparse for p in params
     )
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.item() if value.numel() == 1 else f"<tensor {tuple(value.shape)}>"
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)

@@ -1,10 +1,7 @@
 """Validating hyper-parameters against a schema, and deriving a schema from a signature.
 
-Each optimizer has a schema (a pydantic model built on :class:`~optcore._fields.HParams`),
-written by hand (built-ins, plugins) or derived from its ``__init__``
-signature here. Validation collects *every* problem into one
-:class:`ConfigError` that also lists the accepted fields and, for a misspelt
-field, the closest ones.
+Validation collects *every* problem into one :class:`ConfigError`, with the
+accepted fields and, for a misspelt field, the closest ones.
 """
 
 from __future__ import annotations
@@ -25,20 +22,15 @@ from ._values import clean_text, short_repr
 
 
 def _admits_bool(annotation: Any) -> bool:
-    """Whether a field's type takes a boolean: False only for number types
-    (``int``/``float`` and unions of them), where pydantic would read ``True``
-    as ``1``."""
+    """False for number types (and unions of them): pydantic reads ``True`` as ``1``."""
     while typing.get_origin(annotation) is Annotated:
         annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return any(_admits_bool(a) for a in typing.get_args(annotation))
-    if annotation is bool:
-        return True
-    return not (isinstance(annotation, type) and issubclass(annotation, (int, float)))
+    return annotation is bool or not (isinstance(annotation, type) and issubclass(annotation, (int, float)))
 
 
 def _boolean_numbers(schema: type[BaseModel], values: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """A boolean (or ``"true"``/``"false"``) given to a number field: booleans are not numbers."""
     fields = schema.model_fields
     by_alias = {info.alias: info for info in fields.values() if isinstance(info.alias, str)}
     problems = []
@@ -60,21 +52,15 @@ def _field_names(schema: type[BaseModel]) -> list[str]:
 
 
 def _fields_at(schema: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
-    """The field names of the (nested) model at ``path``, for suggestions."""
     model: Any = schema
     for part in path:
         info = getattr(model, "model_fields", {}).get(part)
-        if info is None:
-            return []
-        candidates = [info.annotation, *typing.get_args(info.annotation)]
+        candidates = [] if info is None else [info.annotation, *typing.get_args(info.annotation)]
         model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return []
-    return _field_names(model)
+    return [] if model is None else _field_names(model)
 
 
-#: Other spellings of well-known hyper-parameters (other libraries' names,
-#: abbreviations), used to answer an unknown field with the right one.
+#: Other libraries' spellings of well-known hyper-parameters, to answer an unknown field.
 ALIASES: dict[str, str] = {
     alias: name
     for name, aliases in {
@@ -89,8 +75,7 @@ ALIASES: dict[str, str] = {
     }.items()
     for alias in aliases.split()
 }
-#: Hyper-parameters every optimizer user knows: when one is not a field of
-#: this optimizer, say so instead of offering a far-fetched close name.
+#: Well-known hyper-parameters: when one is not a field, say so, not a far-fetched close name.
 KNOWN_FIELDS = frozenset(ALIASES.values()) | frozenset(
     {"dampening", "maximize", "foreach", "fused", "capturable", "differentiable", "centered", "alpha", "rho",
      "lr_decay", "momentum_decay", "initial_accumulator_value", "clip_threshold", "relative_step"}
@@ -98,9 +83,6 @@ KNOWN_FIELDS = frozenset(ALIASES.values()) | frozenset(
 
 
 def _suggestion(field: str, accepted: list[str], target: str) -> str:
-    """What to say about an unknown field: its accepted spelling (``wd`` ->
-    ``weight_decay``, ``betas`` -> ``beta1`` where the optimizer spells it so),
-    that the optimizer has no such well-known hyper-parameter, or close names."""
     canonical = ALIASES.get(field, field)
     family = {canonical, *(alias for alias, name in ALIASES.items() if name == canonical)} - {field}
     same = [name for name in accepted if name in family]
@@ -132,13 +114,9 @@ def validate_hparams(
     target: str,
     problems: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """Validate ``values`` against ``schema`` and return the keyword arguments
-    to build ``target`` with, or raise one :class:`ConfigError` naming every bad
-    field, what was wrong, and the accepted fields.
-
-    ``problems`` are ``(field, message)`` pairs the caller found itself (a
-    scheduler's missing run length); they join the schema's in the same error,
-    and replace the schema's message for the same field.
+    """The keyword arguments to build ``target`` with, or one :class:`ConfigError`
+    naming every bad field. ``problems``: ``(field, message)`` pairs the caller
+    found itself, which replace the schema's for the same field.
     """
     found = list(problems or [])
     found += [p for p in _boolean_numbers(schema, values) if p[0] not in {f for f, _ in found}]
@@ -162,13 +140,10 @@ def validate_hparams(
 
 
 def _strict(annotation: Any, default: Any = inspect.Parameter.empty) -> Any:
-    """A signature's annotation with optcore's value rules: ``float`` is a
-    finite float (unless the default itself is not finite), ``int`` refuses
-    booleans, ``bool`` is a strict switch; unions, tuples and lists are mapped
-    member by member, anything else is kept."""
+    """A signature's annotation with optcore's value rules (:mod:`._values`),
+    member by member through unions, tuples and lists."""
     if annotation is float:
-        finite = not (isinstance(default, float) and not math.isfinite(default))
-        return FiniteFloat if finite else NonFiniteFloat
+        return NonFiniteFloat if isinstance(default, float) and not math.isfinite(default) else FiniteFloat
     if annotation is bool:
         return Flag
     if annotation is int:
@@ -196,10 +171,8 @@ def _annotation_for(default: Any, annotation: Any) -> Any:
     if default is inspect.Parameter.empty or default is None:
         return Annotated[Any, Literalish]
     kind = type(default)
-    if kind is bool:
-        return Flag
-    if kind is float:
-        return FiniteFloat if math.isfinite(default) else NonFiniteFloat
+    if kind in (bool, float):
+        return _strict(kind, default)
     if kind is int:
         return Annotated[int | Annotated[float, Finite], Numberish]
     if kind is tuple:
@@ -209,23 +182,17 @@ def _annotation_for(default: Any, annotation: Any) -> Any:
     return Annotated[Any, Literalish]
 
 
-def schema_from_signature(
-    target: Any, name: str | None = None, skip: tuple[str, ...] = ("params",), drop_first: bool | None = None
-) -> type[HParams]:
-    """Derive a schema from ``target.__init__``'s signature: one field per
-    keyword parameter, typed by its annotation (or the type of its default),
-    required where there is no default. ``**kwargs`` is not accepted
-    blindly: a class that takes arbitrary keywords gets exactly its named ones."""
+def schema_from_signature(target: Any, name: str | None = None, skip: tuple[str, ...] = ("params",)) -> type[HParams]:
+    """A schema from ``target.__init__``'s signature: one field per named
+    parameter, typed by its annotation or default (``**kwargs`` adds none)."""
     init = target.__init__ if isinstance(target, type) else target
-    sig = inspect.signature(init)
     try:
         hints = get_type_hints(init, include_extras=True)
     except Exception:  # unresolvable forward references: judge each field by its default
         hints = {}
-    if drop_first is None:
-        drop_first = "params" in skip  # optimizers: the first argument is the params, whatever its name
+    drop_first = "params" in skip  # optimizers: the first argument is the params, whatever its name
     fields: dict[str, Any] = {}
-    params = list(sig.parameters.values())
+    params = list(inspect.signature(init).parameters.values())
     if isinstance(target, type) and params and params[0].name == "self":
         params = params[1:]
     for i, param in enumerate(params):

@@ -1,10 +1,6 @@
-"""Schemas for the optimizers in ``torch.optim``.
-
-They mirror the ``__init__`` signatures of torch 2.x with the constraints torch
-itself enforces (or should: torch accepts ``momentum=-1`` for SGD).
-``tests/test_schema_values.py`` checks every field and default against the
-installed torch's signature, so a torch upgrade that renames a field fails
-loudly instead of silently dropping it.
+"""Schemas for the optimizers in ``torch.optim``: their signatures, with the
+constraints torch enforces (or should: it accepts ``momentum=-1`` for SGD);
+``tests/test_schema_values.py`` checks them against the installed torch.
 """
 
 from __future__ import annotations
@@ -21,10 +17,7 @@ PositiveInt = Annotated[int, Field(gt=0), Literalish]
 
 
 class _Impl(HParams):
-    """Implementation switches shared by most torch optimizers.
-
-    ``foreach=None`` and ``fused=None`` let optcore pick the fastest path torch
-    has for the parameters' device and dtype (fused where supported)."""
+    """Implementation switches shared by most torch optimizers."""
 
     maximize: Flag = Field(False, description="maximize the objective instead of minimizing")
     foreach: OptionalFlag = Field(None, description="multi-tensor path; None lets optcore choose")
@@ -44,8 +37,7 @@ class _Fusable(_Impl):
 
 
 class _AdamFamily(_Impl):
-    """The fields Adam, AdamW, Adamax, NAdam and RAdam share (a schema redeclares
-    one to change its default; the field keeps its place)."""
+    """Adam's fields, for its family (a redeclared default keeps the field's place)."""
 
     lr: LR = 1e-3
     betas: Betas = (0.9, 0.999)
@@ -187,10 +179,7 @@ class MuonConfig(HParams):
     adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = None
 
 
-#: name -> schema (the class's name without "Config"; torch's Adafactor is "Adafactor")
+#: torch's class name -> schema: every ``...Config`` above, named without "Config" (and "Torch")
 TORCH_SCHEMAS: dict[str, type[HParams]] = {
-    cls.__name__.removesuffix("Config").removeprefix("Torch"): cls
-    for cls in (SGDConfig, AdamConfig, AdamWConfig, AdamaxConfig, NAdamConfig, RAdamConfig, RMSpropConfig,
-                AdagradConfig, AdadeltaConfig, ASGDConfig, RpropConfig, LBFGSConfig, SparseAdamConfig,
-                TorchAdafactorConfig, MuonConfig)
+    n.removesuffix("Config").removeprefix("Torch"): c for n, c in list(globals().items()) if n.endswith("Config")
 }

@@ -1,15 +1,8 @@
 """What a config value means, and how it appears in a message.
 
-Two rules hold everywhere a config is read (schemas, param groups, wrappers):
-
-- a hyper-parameter is a finite real number; ``True`` is not ``1.0``, and
-  ``inf``/``nan`` are not learning rates (the first step would leave
-  non-finite parameters);
-- a switch is a boolean, or the string ``"true"``/``"false"``; it is never
-  judged by truthiness (``"false"`` is a non-empty string, hence truthy).
-
-Messages echo what a user or a plugin wrote, but escaped and cut
-(:func:`clean_text`, :func:`short_repr`). This module imports nothing heavy.
+A hyper-parameter is a finite real number (``True`` is not ``1.0``; an ``inf``
+lr leaves non-finite parameters after one step); a switch is a boolean or
+``"true"``/``"false"``, never judged by truthiness.
 """
 
 from __future__ import annotations
@@ -18,15 +11,11 @@ import math
 import reprlib
 from typing import Any
 
-#: characters of a value's repr shown in a message before it is cut
-REPR_LIMIT = 80
-
 
 def clean_text(text: Any, limit: int = 120) -> str:
-    """``text`` (or ``str(text)``) with control characters and terminal escape
-    codes escaped (``\\x1b``, ``\\n``), so that a name cannot restyle or rewrite
-    the user's terminal, and cut to ``limit`` characters, saying how long it
-    was, so that a 10 MB value does not make a 10 MB message."""
+    """``str(text)`` with control characters escaped (a name cannot restyle the
+    user's terminal) and cut to ``limit`` characters (a 10 MB value does not
+    make a 10 MB message)."""
     text = text if isinstance(text, str) else str(text)
     out = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text[: limit + 1])
     if len(text) > limit:
@@ -53,10 +42,9 @@ class _Repr(reprlib.Repr):
         return f"<int of {x.bit_length()} bits>"
 
 
-def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
-    """``repr(value)`` for a message: long strings cut to ``limit`` characters
-    with ``…(N chars)``, containers to their first few items, control
-    characters escaped. Never raises (a broken ``__repr__`` is named instead)."""
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` for a message: cut like :func:`clean_text`, containers to
+    their first few items; never raises (a broken ``__repr__`` is named instead)."""
     try:
         text = _Repr(limit).repr(value)
     except Exception:  # a user object whose __repr__ fails must not hide the real error
@@ -65,9 +53,7 @@ def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
 
 
 def as_flag(value: Any, field: str) -> bool:
-    """``value`` as a boolean switch: ``True``/``False`` or the strings
-    ``"true"``/``"false"`` (any case); anything else is a ``ValueError``
-    saying what to write."""
+    """``value`` as a switch: a bool or ``"true"``/``"false"`` (any case), else ``ValueError``."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
@@ -76,20 +62,15 @@ def as_flag(value: Any, field: str) -> bool:
 
 
 def as_finite(value: Any, field: str) -> float:
-    """``value`` as a finite real number (an int or float, or a string that
-    spells one); booleans, ``inf`` and ``nan`` are a ``ValueError``."""
-    original = value
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise ValueError(f"{field} must be a number, got {short_repr(original)}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{field} must be a number, got {short_repr(original)}")
+    """``value`` (a number, or a string that spells one) as a finite float, else ``ValueError``."""
     try:
-        number = float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError
+        number = float(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise ValueError(f"{field} must be a number, got {short_repr(value)}") from None
     except OverflowError:
-        raise ValueError(f"{field} is too large: {short_repr(original)}") from None
+        raise ValueError(f"{field} is too large: {short_repr(value)}") from None
     if not math.isfinite(number):
-        raise ValueError(f"{field} must be a finite number, got {short_repr(original)}")
+        raise ValueError(f"{field} must be a finite number, got {short_repr(value)}")
     return number

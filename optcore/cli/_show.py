@@ -7,6 +7,7 @@ import argparse
 import inspect
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .._errors import OptcoreError, OptimizerNotFoundError, SchedulerNotFoundError
@@ -123,7 +124,7 @@ def _show_plan(args: argparse.Namespace) -> int:
 
     data = to_plain(load_config_file(args.config))
     optimizer = data.get("optimizer", data) if isinstance(data, dict) and "type" not in data else data
-    info = plan(optimizer).describe()
+    info = _plan_info(plan(optimizer))
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
@@ -143,3 +144,36 @@ def _show_plan(args: argparse.Namespace) -> int:
             out.print(f"{pad}  wraps:")
         depth += 2
     return 0
+
+
+def _plan_info(plan_: Any) -> dict[str, Any]:
+    """A plan without parameters as JSON-ready data (the plan is a frozen record;
+    rendering it is the CLI's business)."""
+    out: dict[str, Any] = {
+        "type": plan_.spec.qualified,
+        "source": plan_.spec.source,
+        "provider": plan_.spec.provider,
+        "hparams": {k: _jsonable(v) for k, v in plan_.hparams.items()},
+        "explicit": sorted(plan_.explicit),
+    }
+    if plan_.group_specs:
+        out["param_groups"] = [_jsonable(g) for g in plan_.group_specs]
+    if not plan_.no_decay:
+        out["no_decay"] = False
+    if plan_.inner is not None:
+        out["wraps"] = _plan_info(plan_.inner)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else f"<tensor {tuple(value.shape)}>"
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
