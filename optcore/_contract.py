@@ -1,12 +1,8 @@
-"""The optimizer contract (API.md): capability flags, learning rate and gradient
-members, and ``step(closure, scale, groups)``; the checkpoint members are in
-:mod:`._checkpoint`, ``average_params`` in :mod:`._averaging`.
+"""The optimizer contract (API.md, docs/contract.md); its checkpoint members are
+in :mod:`._checkpoint`, ``average_params`` in :mod:`._averaging`.
 
-Two roads lead here. Optimizers written for optcore subclass :class:`Optimizer`
-and implement ``step`` natively. ``torch.optim`` and third-party classes are
-*adapted* (:mod:`._adapt`): a subclass mixes :class:`ContractMixin` in front of
-the original class, so ``isinstance(opt, torch.optim.AdamW)`` still holds, the
-original ``step`` runs unchanged, and the adapter costs one Python call per step.
+Native optimizers subclass :class:`Optimizer`; :mod:`._adapt` mixes
+:class:`ContractMixin` in front of torch and third-party classes.
 """
 
 from __future__ import annotations
@@ -25,51 +21,36 @@ from ._grads import by_device_and_dtype, params_with_grad, total_grad_norm
 
 GroupSelector = Sequence[int | str] | int | str | None
 
-#: Keys of a param group that are bookkeeping, not hyper-parameters.
 _NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale"})
 
 
 class ContractMixin(CheckpointMixin, AveragingMixin):
-    """The members API.md promises, on top of ``torch.optim.Optimizer``.
+    """The contract's members on top of ``torch.optim.Optimizer``; the flags are
+    what is *true* of the class (wrappers read them to pick a strategy)."""
 
-    Capability flags are class attributes that subclasses (or :func:`adapt`)
-    set to what is *true* of them; wrappers such as the FP16 optimizers read
-    them to pick a strategy.
-    """
-
-    #: step works on fp16/bf16 params, computing in fp32 and keeping fp32 state.
     supports_memory_efficient_fp16: ClassVar[bool] = False
-    #: ``step(scale=s)`` folds ``1/s`` into the update: no separate unscale pass.
-    supports_step_with_scale: bool = False
-    #: works on one flat contiguous parameter (pointwise update).
+    supports_step_with_scale: bool = False  # not a ClassVar: _adapt makes it a property
     supports_flat_params: ClassVar[bool] = False
-    #: ``step(groups=...)`` steps only the selected groups.
     supports_groups: ClassVar[bool] = True
-    #: Why a flat parameter does not work, for wrappers to show (empty when it does).
+    #: Why a flat parameter does not work, for wrappers to show.
     flat_params_unsupported_reason: ClassVar[str] = ""
 
     param_groups: list[dict[str, Any]]
     defaults: dict[str, Any]
     state: Any
 
-    # ------------------------------------------------------------------ config
     @property
     def optimizer_config(self) -> dict[str, Any]:
-        """The effective hyper-parameters: the defaults, with the first group's
-        current values on top (so a scheduler-set ``lr`` is what is reported)."""
+        """The defaults under the first group's current values (a scheduler-set ``lr``)."""
         config = dict(self.defaults)
         if self.param_groups:
-            for key, value in self.param_groups[0].items():
-                if key not in _NON_HPARAM_KEYS:
-                    config[key] = value
+            config.update((k, v) for k, v in self.param_groups[0].items() if k not in _NON_HPARAM_KEYS)
             config["lr"] = self.get_lr()
         return config
 
     def get_lr(self) -> float | Tensor:
-        """The base learning rate: the first group's ``lr`` divided by its
-        ``lr_scale`` (1 unless layer-wise scaling is configured), so that
-        ``set_lr(get_lr())`` changes nothing. A tensor ``lr`` (the
-        torch.compile + LR-scheduler recipe) comes back as a tensor (a copy)."""
+        """The first group's ``lr`` over its ``lr_scale``, so ``set_lr(get_lr())``
+        changes nothing; a tensor ``lr`` (torch.compile's recipe) comes back a copy."""
         group = self.param_groups[0]
         lr, scale = group["lr"], group.get("lr_scale", 1.0)
         if isinstance(lr, Tensor):
@@ -77,15 +58,12 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         return float(lr) / float(scale)
 
     def get_lrs(self) -> list[float | Tensor]:
-        """The learning rate of every group, as stored (``lr_scale`` applied;
-        tensors stay tensors)."""
+        """Every group's ``lr`` as stored (``lr_scale`` applied)."""
         return [g["lr"] if isinstance(g["lr"], Tensor) else float(g["lr"]) for g in self.param_groups]
 
     def set_lr(self, lr: float | Tensor | Sequence[float | Tensor]) -> None:
-        """Set the learning rate: one number (or 0-dim tensor) sets every group
-        to ``lr * group['lr_scale']`` (keeping layer-wise ratios); a sequence
-        gives each group its own value. A group whose ``lr`` is a tensor keeps
-        that tensor and is filled in place (compiled steps see no new value)."""
+        """One number sets each group to ``lr * lr_scale``; a sequence, one per group.
+        A tensor ``lr`` is filled in place, so compiled steps see no new value."""
         if isinstance(lr, (int, float)) or (isinstance(lr, Tensor) and lr.ndim == 0):
             values = [lr * g.get("lr_scale", 1.0) for g in self.param_groups]
         else:
@@ -101,13 +79,10 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
             else:
                 group["lr"] = float(value)
 
-    # --------------------------------------------------------------- gradients
     def backward(self, loss: Tensor) -> None:
-        """``loss.backward()``; precision wrappers scale the loss here."""
         loss.backward()
 
     def multiply_grads(self, c: float | Tensor) -> None:
-        """Multiply every gradient by ``c`` in place, one fused call per device and dtype."""
         if not isinstance(c, Tensor) and c == 1.0:
             return
         for (device, _), grads in by_device_and_dtype(
@@ -121,13 +96,7 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         max_norm: float,
         aggregate_norm_fn: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
-        """Return the total 2-norm of all gradients and, if ``max_norm > 0``,
-        scale them so it is at most ``max_norm``.
-
-        ``aggregate_norm_fn`` combines per-shard norms (model parallelism) before
-        clipping. A non-finite norm is returned without touching the gradients,
-        so the caller (or a loss scaler) can skip the step.
-        """
+        """A non-finite norm leaves the gradients alone, so a loss scaler can skip the step."""
         grads = [p.grad for p in params_with_grad(self.param_groups)]
         if not grads:
             return torch.zeros(())
@@ -139,10 +108,8 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
             self.multiply_grads(coef)
         return total
 
-    # -------------------------------------------------------------------- step
     def _select_groups(self, groups: GroupSelector) -> list[dict[str, Any]]:
-        """The param groups named by ``groups``: indices, or the ``name`` given
-        to a group in the config; ``None`` selects all."""
+        """The groups named by index or config ``name``; ``None`` selects all."""
         if groups is None:
             return list(self.param_groups)
         names, count = [g.get("name") for g in self.param_groups], len(self.param_groups)
@@ -159,10 +126,9 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
                 selected.append(self.param_groups[index])
         return selected
 
-    #: Classes whose ``step`` must call the closure itself (LBFGS re-evaluates it).
+    #: LBFGS-like classes re-evaluate the closure inside their step.
     _passes_closure: ClassVar[bool] = False
-    #: The adapted class's own ``step``, without torch's profiling wrapper (set by
-    #: :func:`optcore._adapt.adapt`; a plain attribute so torch.compile traces it).
+    #: Set by :func:`optcore._adapt.adapt`.
     _original_step: ClassVar[Callable[..., Any] | None] = None
 
     def step(  # type: ignore[override]
@@ -171,13 +137,8 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         scale: float = 1.0,
         groups: GroupSelector = None,
     ) -> float | None:
-        """One update with gradients divided by ``scale``, restricted to ``groups``.
-
-        The adapted class's own ``step`` does the work, after the closure (so
-        ``scale`` applies to the gradients it produced). A plain ``step()`` is
-        that step and nothing else: one call, so torch.compile sees the graph
-        breaks torch's optimizer has, and no more.
-        """
+        """A plain ``step()`` is one call of the class's own, so torch.compile sees
+        the graph breaks torch's optimizer has, and no more."""
         original = self._original_step
         if scale == 1.0 and groups is None and original is not None and (closure is None or self._passes_closure):
             return original(self, closure)
@@ -191,8 +152,17 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
                     "scale= or groups=; unscale the loss in the closure instead."
                 )
             return self._base_step(closure)
-        if groups is not None:
-            self._check_groups_supported()
+        if groups is not None and not (self.supports_groups and param_groups_assignable(type(self))):
+            why = (
+                "its param_groups is a read-only property (it wraps another optimizer or derives its groups), "
+                "so optcore cannot restrict a step to some of them"
+                if not param_groups_assignable(type(self))
+                else "its update may couple param groups (or optcore cannot vouch that it does not)"
+            )
+            raise ConfigError(
+                f"{type(self).__name__} does not support step(groups=...): {why}. Step all groups, or use an "
+                "optimizer whose supports_groups is True."
+            )
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -208,32 +178,13 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
             self.param_groups = saved_groups
         return loss
 
-    def _check_groups_supported(self) -> None:
-        assignable = param_groups_assignable(type(self))
-        if self.supports_groups and assignable:
-            return
-        if not assignable:
-            why = (
-                "its param_groups is a read-only property (it wraps another optimizer or derives its groups), "
-                "so optcore cannot restrict a step to some of them"
-            )
-        else:
-            why = "its update may couple param groups (or optcore cannot vouch that it does not)"
-        raise ConfigError(
-            f"{type(self).__name__} does not support step(groups=...): {why}. Step all groups, or use an "
-            "optimizer whose supports_groups is True."
-        )
-
     def _scaled_step(self, scale: float) -> None:
-        """The class's step on gradients divided by ``scale``: one multiply over
-        them first (adapted classes whose fused kernels take ``grad_scale`` fold it in)."""
         if scale != 1.0:
             self.multiply_grads(1.0 / scale)
         self._base_step(None)
 
     def _base_step(self, closure: Callable[[], float] | None) -> float | None:
-        """The adapted class's own ``step``, without torch's profiling wrapper
-        (our class already carries one; running the step hooks twice would be a bug)."""
+        """Without torch's profiling wrapper: ours already runs the step hooks."""
         original = self._original_step
         if original is None:  # a ContractMixin subclass not made by adapt()
             return super().step(closure)  # type: ignore[misc]
@@ -241,20 +192,14 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
 
 
 def param_groups_assignable(cls: type) -> bool:
-    """False where ``param_groups`` is a read-only property (wrappers such as
-    Lookahead or ScheduleFreeWrapper expose their inner optimizer's groups)."""
+    """False for a read-only ``param_groups`` (Lookahead-style wrappers)."""
     attr = inspect.getattr_static(cls, "param_groups", None)
     return not (isinstance(attr, property) and attr.fset is None)
 
 
 class Optimizer(ContractMixin, torch.optim.Optimizer):
-    """Base class for optimizers written for optcore.
-
-    Subclasses implement ``step(closure=None, scale=1.0, groups=None)``
-    natively (use :meth:`_select_groups` and fold ``1/scale`` into the update),
-    set the capability flags that are true of them, and may attach a pydantic
-    ``config_schema``.
-    """
+    """Base of native optimizers: ``step`` folds ``1/scale`` into the update and
+    steps :meth:`_select_groups`; a pydantic ``config_schema`` is optional."""
 
     config_schema: ClassVar[Any] = None
 
