@@ -1,14 +1,11 @@
-"""``average_params``: the contract's all-reduce average over ``torch.distributed`` ranks.
-
-Its own module because it is the contract's one collective: the ranks must
-agree before any data moves (a flat all-reduce over buffers of different
-sizes aborts the process instead of failing).
+"""``average_params``, the contract's one collective: the ranks must agree before
+any data moves (a flat all-reduce over buffers of different sizes aborts).
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,27 +16,13 @@ from ._grads import by_device_and_dtype
 
 
 class AveragingMixin:
-    """``average_params`` for :class:`~optcore._contract.ContractMixin` (reads
-    ``param_groups`` and ``state``)."""
-
     param_groups: list[dict[str, Any]]
     state: Any
 
-    def _averageable_state(self, param: Tensor) -> Iterator[Tensor]:
-        """State tensors of ``param`` for which a mean across ranks is meaningful:
-        by default the floating tensors of the parameter's shape (moments)."""
-        for value in self.state.get(param, {}).values():
-            if isinstance(value, Tensor) and value.is_floating_point() and value.shape == param.shape:
-                yield value
-
     @torch.no_grad()
     def average_params(self, group: Any = None) -> None:
-        """All-reduce-average parameters (and per-parameter moments) over the
-        ``torch.distributed`` ranks of ``group``; a no-op when not initialised.
-
-        Tensors travel in one flat buffer per device and dtype, so the cost is a
-        handful of collectives, not one per parameter.
-        """
+        """Parameters and their moments (floating state of their shape), one flat
+        buffer per device and dtype: a handful of collectives, not one per tensor."""
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()):
             return
@@ -50,23 +33,23 @@ class AveragingMixin:
         for g in self.param_groups:
             for p in g["params"]:
                 tensors.append(p.data)
-                tensors.extend(self._averageable_state(p))
+                tensors.extend(
+                    v
+                    for v in self.state.get(p, {}).values()
+                    if isinstance(v, Tensor) and v.is_floating_point() and v.shape == p.shape
+                )
         _check_ranks_agree(tensors, group)
         for bucket in by_device_and_dtype(tensors).values():
             flat = torch.cat([t.reshape(-1) for t in bucket])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
             flat.div_(world)
-            offset = 0
-            for t in bucket:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view_as(t))
-                offset += n
+            for t, chunk in zip(bucket, flat.split([t.numel() for t in bucket])):
+                t.copy_(chunk.view_as(t))
 
 
 def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
-    """Raise the same :class:`ConfigError` on every rank unless all ranks average
-    the same tensors (gloo aborts with SIGABRT otherwise). One all-gather of three
-    integers (count, elements, checksum of every dtype and shape) per call."""
+    """The same :class:`ConfigError` on every rank unless all average the same
+    tensors: one all-gather of (count, elements, checksum of dtypes and shapes)."""
     dist = torch.distributed
     device = tensors[0].device if tensors else torch.device("cpu")
     if dist.get_backend(group) == "nccl" and device.type != "cuda":

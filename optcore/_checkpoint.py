@@ -1,13 +1,9 @@
-"""Checkpoints: the contract's ``state_dict``/``load_state_dict`` (and copy and
-pickle), and the checks a state dict passes before an optimizer loads it.
+"""The contract's ``state_dict``/``load_state_dict`` (and copy and pickle).
 
-torch's ``load_state_dict`` checks only the number of parameters per group, so
-state saved for ``Linear(32, 32)`` loads into ``Linear(64, 64)`` and the next
-fused step reads past the end of its moments (a segfault), and state for
-bigger parameters silently steps smaller ones. Loading one optimizer's state
-into another (AdamW's moments into Lion) half-works the same way. These checks
-run first and raise a :class:`ConfigError` naming the first parameter at fault,
-so a wrong checkpoint changes nothing.
+torch checks only the number of parameters per group: state saved for
+``Linear(32, 32)`` loads into ``Linear(64, 64)`` and the next fused step reads
+past its moments (a segfault), and AdamW's moments half-load into Lion. So the
+saver and the shapes are recorded, and checked before anything loads.
 """
 
 from __future__ import annotations
@@ -20,31 +16,26 @@ from torch import Tensor
 
 from ._errors import ConfigError
 
-#: State dtypes that hold quantised floats (bitsandbytes' 8-bit moments), not integers.
+#: bitsandbytes' 8-bit moments: quantised floats, not integers.
 _QUANTISED = ("uint8", "int8")
 
 
 class CheckpointMixin:
-    """The contract's checkpoint members; they read ``optcore_spec`` (set by the build)."""
+    """Reads ``optcore_spec``, set by the build."""
 
     param_groups: list[dict[str, Any]]
     defaults: dict[str, Any]
 
     def __getstate__(self) -> dict[str, Any]:
-        """Keep every attribute on copy/pickle (torch keeps only ``defaults``,
-        ``state`` and ``param_groups``, which breaks classes that store more,
-        e.g. LBFGS's ``_params`` or lion-pytorch's ``decoupled_wd``). A ``step``
-        patched onto the instance by an LR scheduler stays behind: it is bound
-        to this object, and a copy has no scheduler."""
+        """Every attribute (docs/contract.md) but a ``step`` an LR scheduler bound
+        to this object: a copy has no scheduler."""
         state = self.__dict__.copy()
         state.pop("step", None)
         return state
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """torch's state dict, plus ``"optcore": {"name", "provider", "version",
-        "param_shapes"}`` when built by optcore: who saved it (so loading it into
-        another optimizer is an error) and the shape of every parameter with state
-        (so loading it over other parameters is an error, not a crash)."""
+        """torch's, plus ``"optcore": {"name", "provider", "version", "param_shapes"}``
+        when built by optcore (the shapes of the parameters with state)."""
         state_dict = super().state_dict()  # type: ignore[misc]
         spec = getattr(self, "optcore_spec", None)
         if spec is None or not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
@@ -64,12 +55,14 @@ class CheckpointMixin:
         state_dict: Mapping[str, Any],
         optimizer_overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        """Load ``state_dict`` once it passes the module's checks (another version
-        of the same optimizer loads with a warning; a plain torch state dict, with
-        no ``"optcore"`` entry, is checked against the parameters only), then replace
-        hyper-parameters of every loaded group with ``optimizer_overrides`` (for
-        example a new ``lr`` on resume)."""
-        state_dict = check_state_dict(self, state_dict)
+        """Another version of the saver loads with a warning; a plain torch state
+        dict is checked against the parameters only."""
+        if isinstance(state_dict, Mapping):
+            record = state_dict.get("optcore")
+            if isinstance(record, Mapping):
+                _check_identity(self, record)
+                state_dict = {k: v for k, v in state_dict.items() if k != "optcore"}
+            _check_shapes(self, state_dict, record.get("param_shapes") if isinstance(record, Mapping) else None)
         super().load_state_dict(state_dict)  # type: ignore[misc]
         if optimizer_overrides:
             known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
@@ -92,21 +85,6 @@ class CheckpointMixin:
             self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
 
 
-def check_state_dict(optimizer: Any, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``state_dict`` without its ``"optcore"`` record, once it is known to fit
-    ``optimizer``; raise :class:`ConfigError` otherwise."""
-    if not isinstance(state_dict, Mapping):
-        return state_dict
-    record = state_dict.get("optcore")
-    if isinstance(record, Mapping):
-        _check_identity(optimizer, record)
-        state_dict = {k: v for k, v in state_dict.items() if k != "optcore"}
-    else:
-        record = {}
-    _check_shapes(optimizer, state_dict, record.get("param_shapes"))
-    return state_dict
-
-
 def _check_identity(optimizer: Any, record: Mapping[str, Any]) -> None:
     spec = getattr(optimizer, "optcore_spec", None)
     if spec is None:  # made by adapt() directly (ZeroRedundancyOptimizer's shards): no name to compare
@@ -126,7 +104,7 @@ def _check_identity(optimizer: Any, record: Mapping[str, Any]) -> None:
             f"{spec.version}; it loads because its layout fits the parameters. Check the provider's changelog "
             "if the resumed run behaves differently.",
             UserWarning,
-            stacklevel=4,
+            stacklevel=3,
         )
 
 
@@ -134,7 +112,6 @@ def _check_shapes(optimizer: Any, state_dict: Mapping[str, Any], saved_shapes: A
     groups, state = state_dict.get("param_groups"), state_dict.get("state")
     if not isinstance(groups, list) or not isinstance(state, Mapping):
         return
-    # torch's own classes have known state layouts (see _mismatch)
     known_layout = getattr(type(optimizer), "adapted_from", type(optimizer)).__module__.startswith("torch.optim")
     position = 0
     for g, (saved, group) in enumerate(zip(groups, optimizer.param_groups)):
