@@ -1,5 +1,5 @@
 """The optimizer contract (API.md, docs/contract.md); its checkpoint members are
-in :mod:`._checkpoint`, ``average_params`` in :mod:`._averaging`.
+in :mod:`._checkpoint`.
 
 Native optimizers subclass :class:`Optimizer`; :mod:`._adapt` mixes
 :class:`ContractMixin` in front of torch and third-party classes.
@@ -8,13 +8,13 @@ Native optimizers subclass :class:`Optimizer`; :mod:`._adapt` mixes
 from __future__ import annotations
 
 import inspect
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from ._averaging import AveragingMixin
 from ._checkpoint import CheckpointMixin
 from ._errors import ConfigError
 from ._grads import by_device_and_dtype, params_with_grad, total_grad_norm
@@ -24,7 +24,7 @@ GroupSelector = Sequence[int | str] | int | str | None
 _NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale"})
 
 
-class ContractMixin(CheckpointMixin, AveragingMixin):
+class ContractMixin(CheckpointMixin):
     """The contract's members on top of ``torch.optim.Optimizer``; the flags are
     what is *true* of the class (wrappers read them to pick a strategy)."""
 
@@ -85,11 +85,8 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
     def multiply_grads(self, c: float | Tensor) -> None:
         if not isinstance(c, Tensor) and c == 1.0:
             return
-        for (device, _), grads in by_device_and_dtype(
-            p.grad for p in params_with_grad(self.param_groups)
-        ).items():
-            factor = c.to(device) if isinstance(c, Tensor) else c
-            torch._foreach_mul_(grads, factor)
+        for (device, _), grads in by_device_and_dtype(p.grad for p in params_with_grad(self.param_groups)).items():
+            torch._foreach_mul_(grads, c.to(device) if isinstance(c, Tensor) else c)
 
     def clip_grad_norm(
         self,
@@ -107,6 +104,34 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
             coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
             self.multiply_grads(coef)
         return total
+
+    @torch.no_grad()
+    def average_params(self, group: Any = None) -> None:
+        """Parameters and their moments (floating state of their shape), one flat
+        buffer per device and dtype: a handful of collectives, not one per tensor."""
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        world = dist.get_world_size(group)
+        if world == 1:
+            return
+        tensors: list[Tensor] = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                tensors.append(p.data)
+                tensors.extend(
+                    v
+                    for v in self.state.get(p, {}).values()
+                    if isinstance(v, Tensor) and v.is_floating_point() and v.shape == p.shape
+                )
+        _check_ranks_agree(tensors, group)
+        for bucket in by_device_and_dtype(tensors).values():
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            flat.div_(world)
+            for t, chunk in zip(bucket, flat.split([t.numel() for t in bucket])):
+                t.copy_(chunk.view_as(t))
+
 
     def _select_groups(self, groups: GroupSelector) -> list[dict[str, Any]]:
         """The groups named by index or config ``name``; ``None`` selects all."""
@@ -211,3 +236,25 @@ class Optimizer(ContractMixin, torch.optim.Optimizer):
     ) -> float | None:
         raise NotImplementedError(f"{type(self).__name__} must implement step(closure, scale, groups)")
 
+
+def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
+    """The same :class:`ConfigError` on every rank unless all average the same
+    tensors: one all-gather of (count, elements, checksum of dtypes and shapes)."""
+    dist = torch.distributed
+    device = tensors[0].device if tensors else torch.device("cpu")
+    if dist.get_backend(group) == "nccl" and device.type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    layout = zlib.crc32(";".join(f"{t.dtype}{tuple(t.shape)}" for t in tensors).encode())
+    mine = torch.tensor([len(tensors), sum(t.numel() for t in tensors), layout], dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    signatures = [t.tolist() for t in gathered]
+    if any(sig != signatures[0] for sig in signatures):
+        lines = [f"  rank {r}: {n} tensors, {e} elements, layout {c:08x}" for r, (n, e, c) in enumerate(signatures)]
+        raise ConfigError(
+            "average_params: the ranks do not hold the same parameters and optimizer state, so there is "
+            "nothing consistent to average:\n" + "\n".join(lines) + "\n"
+            "Optimizer state appears on the first step: call average_params on every rank after the same "
+            "number of steps, with the same model and optimizer config.",
+            problems=[("average_params", "ranks disagree")],
+        )
