@@ -116,18 +116,17 @@ def _check_shapes(optimizer: Any, state_dict: Mapping[str, Any], saved_shapes: A
     position = 0
     for g, (saved, group) in enumerate(zip(groups, optimizer.param_groups)):
         for i, (index, param) in enumerate(zip(saved.get("params", ()), group["params"])):
-            where = f"parameter {position + i} (param group {g}, position {i}, shape {tuple(param.shape)})"
             entry = state.get(index)
-            if isinstance(entry, Mapping):
-                shape = saved_shapes.get(index) if isinstance(saved_shapes, Mapping) else None
-                problem = _mismatch(param, entry, shape, known_layout)
-                if problem:
-                    raise ConfigError(
-                        f"The state_dict does not fit this optimizer's parameters: {where}: {problem}. "
-                        "It was saved for another model (or another parameter order); load the matching "
-                        "checkpoint, or skip load_state_dict to start the optimizer fresh.",
-                        problems=[(f"state[{index}]", problem)],
-                    )
+            shape = saved_shapes.get(index) if isinstance(saved_shapes, Mapping) else None
+            problem = _mismatch(param, entry, shape, known_layout) if isinstance(entry, Mapping) else None
+            if problem:
+                raise ConfigError(
+                    f"The state_dict does not fit this optimizer's parameters: parameter {position + i} (param "
+                    f"group {g}, position {i}, shape {tuple(param.shape)}): {problem}. It was saved for another "
+                    "model (or another parameter order); load the matching checkpoint, or skip load_state_dict "
+                    "to start the optimizer fresh.",
+                    problems=[(f"state[{index}]", problem)],
+                )
         position += len(group["params"])
 
 

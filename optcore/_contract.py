@@ -101,8 +101,7 @@ class ContractMixin(CheckpointMixin):
         if aggregate_norm_fn is not None:
             total = aggregate_norm_fn(total)
         if max_norm > 0 and bool(torch.isfinite(total)):
-            coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-            self.multiply_grads(coef)
+            self.multiply_grads((max_norm / (total + 1e-6)).clamp(max=1.0))
         return total
 
     @torch.no_grad()
@@ -110,9 +109,7 @@ class ContractMixin(CheckpointMixin):
         """Parameters and their moments (floating state of their shape), one flat
         buffer per device and dtype: a handful of collectives, not one per tensor."""
         dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        world = dist.get_world_size(group)
+        world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
         if world == 1:
             return
         tensors: list[Tensor] = []
@@ -153,7 +150,6 @@ class ContractMixin(CheckpointMixin):
 
     #: LBFGS-like classes re-evaluate the closure inside their step.
     _passes_closure: ClassVar[bool] = False
-    #: Set by :func:`optcore._adapt.adapt`.
     _original_step: ClassVar[Callable[..., Any] | None] = None
 
     def step(  # type: ignore[override]

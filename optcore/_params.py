@@ -64,12 +64,9 @@ def _named_params(params_or_model: Any, leaf_only: bool = True) -> tuple[list[tu
         ) from None
     if items and all(isinstance(i, tuple) and len(i) == 2 and isinstance(i[0], str) for i in items):
         return _named_params(dict(items), leaf_only)
-    named = []
     for i, p in enumerate(items):
         _check_tensor(p, f"params[{i}]", leaf_only)
-        if p.requires_grad:
-            named.append((None, p))
-    return named, None
+    return [(None, p) for p in items if p.requires_grad], None
 
 
 def _check_tensor(p: Any, where: str, leaf_only: bool = True) -> None:
@@ -94,21 +91,6 @@ def _dedup(named: list[tuple[str | None, Tensor]]) -> list[tuple[str | None, Ten
     return list(first.values())
 
 
-def _explicit_groups(groups: list[Mapping[str, Any]], leaf_only: bool = True) -> list[dict[str, Any]]:
-    out = []
-    for i, group in enumerate(groups):
-        if "params" not in group:
-            raise ConfigError(f"param group {i} has no 'params' key.", problems=[(f"param_groups[{i}]", "no params")])
-        settings = {k: v for k, v in group.items() if k != "params"}
-        if "lr_scale" in settings:
-            settings["lr_scale"] = lr_scale_value(settings["lr_scale"], f"param group {i} lr_scale")
-        named, _ = _named_params(group["params"], leaf_only)
-        tensors = [p for _, p in _dedup(named)]
-        if tensors:
-            out.append({**settings, "params": tensors})
-    return out
-
-
 def build_param_groups(
     params_or_model: Any,
     param_groups: list[Mapping[str, Any]] | None = None,
@@ -125,7 +107,18 @@ def build_param_groups(
     ):
         if param_groups:
             raise ConfigError("Give either explicit param-group dicts or regex 'param_groups' in the config, not both.")
-        groups = _explicit_groups(list(params_or_model), leaf_only)
+        groups = []
+        for i, group in enumerate(params_or_model):
+            if "params" not in group:
+                raise ConfigError(
+                    f"param group {i} has no 'params' key.", problems=[(f"param_groups[{i}]", "no params")]
+                )
+            settings = {k: v for k, v in group.items() if k != "params"}
+            if "lr_scale" in settings:
+                settings["lr_scale"] = lr_scale_value(settings["lr_scale"], f"param group {i} lr_scale")
+            tensors = [p for _, p in _dedup(_named_params(group["params"], leaf_only)[0])]
+            if tensors:
+                groups.append({**settings, "params": tensors})
         if not groups:
             raise ConfigError("No trainable parameters: every parameter has requires_grad=False.")
         return groups
