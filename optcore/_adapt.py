@@ -1,10 +1,7 @@
 """Give a ``torch.optim`` or third-party optimizer class the optcore contract.
 
-:func:`adapt` returns a subclass ``(ContractMixin, cls)``: the original class's
-``__init__`` and ``step`` run unchanged, ``isinstance`` with the original class
-holds, and the contract's members come from the mixin. The subclasses are
-cached and importable by name from this module (``optcore._adapt.AdamW``), so
-an adapted optimizer pickles and deep-copies like the original.
+:func:`adapt` returns a cached subclass ``(ContractMixin, cls)``, importable by
+name from this module (``optcore._adapt.AdamW``) so that it pickles like ``cls``.
 """
 
 from __future__ import annotations
@@ -54,9 +51,8 @@ class _FusedScaleMixin(ContractMixin):
 
 
 def capabilities(target: type) -> dict[str, bool]:
-    """The four capability flags of ``target``'s default build (``OptimizerSpec``
-    reports these); a flag that is a property is judged per instance, so it
-    counts as its default, and the fused kernels' ``grad_scale`` is the default."""
+    """The flags of ``target``'s default build: a property (judged per instance)
+    counts as its default, and fused-kernel classes are built fused."""
     cls = adapt(target)
     defaults = {
         "memory_efficient_fp16": False,
@@ -69,11 +65,9 @@ def capabilities(target: type) -> dict[str, bool]:
 
 
 def _original_step(cls: type, passes_closure: bool) -> Any:
-    """The class's own ``step`` without torch's profiling wrapper. A step that
-    re-evaluates a closure (LBFGS) runs outside dynamo, as torch runs it, or a
-    compiled step would trace into the closure and give other numbers; lazily
-    (``torch._disable_dynamo``) unless dynamo is loaded, so ``optcore list``
-    never imports it (~1 s)."""
+    """Without torch's profiling wrapper. A step that re-evaluates the closure runs
+    outside dynamo, as torch's does (traced, it gives other numbers); lazily
+    unless dynamo is loaded, so ``optcore list`` never imports it (~1 s)."""
     step = inspect.getattr_static(cls, "step")
     while getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):  # torch's profile_hook_step
         step = step.__wrapped__
@@ -85,16 +79,13 @@ def _original_step(cls: type, passes_closure: bool) -> Any:
 
 
 def adapt(cls: type[torch.optim.Optimizer], *, groups: bool | None = None) -> type:
-    """The contract-carrying subclass of ``cls`` (cached per class), with the
-    capability flags true of it: torch classes' from ``_torch_facts``; other
-    classes' False unless declared (D-Adaptation, Prodigy and Adai pool
-    statistics over all groups). A read-only ``param_groups`` rules out groups."""
+    """Flags of torch classes come from ``_torch_facts``; other classes' are False
+    unless declared (D-Adaptation, Prodigy and Adai pool statistics over groups)."""
     if issubclass(cls, ContractMixin):
         return cls
     with _lock:
-        cached = _cache.get(cls)
-        if cached is not None:
-            return cached
+        if cls in _cache:
+            return _cache[cls]
         in_torch = cls.__module__.startswith("torch.optim")
         is_torch = in_torch and cls.__name__ in TORCH_FACTS
         pointwise, takes_grad_scale = TORCH_FACTS[cls.__name__] if is_torch else (False, False)
@@ -123,9 +114,7 @@ def adapt(cls: type[torch.optim.Optimizer], *, groups: bool | None = None) -> ty
         # has get_lr(lr, step, ...)) keeps its meaning; the contract's is unavailable.
         below = list(itertools.takewhile(lambda k: k not in (torch.optim.Optimizer, object), cls.__mro__))
         conflicts = [m for m in CONTRACT_MEMBERS if any(m in vars(klass) for klass in below)]
-        for member in conflicts:
-            namespace[member] = inspect.getattr_static(cls, member)
-        namespace["contract_conflicts"] = tuple(conflicts)
+        namespace.update({m: inspect.getattr_static(cls, m) for m in conflicts}, contract_conflicts=tuple(conflicts))
         mixin = _FusedScaleMixin if takes_grad_scale else ContractMixin
         adapted = type(cls.__name__, (mixin, cls), namespace)
         _cache[cls] = adapted

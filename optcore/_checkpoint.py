@@ -1,9 +1,8 @@
 """The contract's ``state_dict``/``load_state_dict`` (and copy and pickle).
 
-torch checks only the number of parameters per group: state saved for
-``Linear(32, 32)`` loads into ``Linear(64, 64)`` and the next fused step reads
-past its moments (a segfault), and AdamW's moments half-load into Lion. So the
-saver and the shapes are recorded, and checked before anything loads.
+torch checks only the number of parameters per group: state for ``Linear(32, 32)``
+loads into ``Linear(64, 64)`` and the next fused step reads past its moments (a
+segfault). So the saver and the shapes are recorded, and checked before loading.
 """
 
 from __future__ import annotations

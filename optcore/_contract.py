@@ -25,14 +25,12 @@ _NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale"})
 
 
 class ContractMixin(CheckpointMixin):
-    """The contract's members on top of ``torch.optim.Optimizer``; the flags are
-    what is *true* of the class (wrappers read them to pick a strategy)."""
+    """The flags say what is *true* of the class; wrappers read them to pick a strategy."""
 
     supports_memory_efficient_fp16: ClassVar[bool] = False
     supports_step_with_scale: bool = False  # not a ClassVar: _adapt makes it a property
     supports_flat_params: ClassVar[bool] = False
     supports_groups: ClassVar[bool] = True
-    #: Why a flat parameter does not work, for wrappers to show.
     flat_params_unsupported_reason: ClassVar[str] = ""
 
     param_groups: list[dict[str, Any]]
@@ -93,7 +91,7 @@ class ContractMixin(CheckpointMixin):
         max_norm: float,
         aggregate_norm_fn: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
-        """A non-finite norm leaves the gradients alone, so a loss scaler can skip the step."""
+        """A non-finite norm leaves the grads alone, so a loss scaler can skip the step."""
         grads = [p.grad for p in params_with_grad(self.param_groups)]
         if not grads:
             return torch.zeros(())

@@ -1,10 +1,8 @@
-"""The config's param-group rules: regex ``param_groups`` entries, hook policies,
-and the ``lr_scale`` and ``no_decay`` switches, checked from the config alone
-(``optcore check``) and against the parameter names (:mod:`._params`).
+"""The config's regex ``param_groups``, hook policies, ``lr_scale``, ``no_decay``:
+checked from the config alone (``optcore check``) and against parameter names.
 
-A parameter two regexes match is an error, not a silent pick; so is a regex
-that matches nothing (a typo would change nothing, silently) unless the entry
-is ``"optional": true``.
+A parameter two regexes match is an error, not a silent pick; so is a regex that
+matches nothing (a typo would change nothing) unless it is ``"optional": true``.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from typing import Any
 from ._errors import ConfigError
 from ._values import as_finite, as_flag, short_repr
 
-#: (the regex over parameter names, the values it sets)
 Rule = tuple[re.Pattern[str], dict[str, Any]]
 
 GROUP_META_KEYS = frozenset({"name", "lr_scale", "params"})
@@ -77,7 +74,7 @@ def compile_rules(groups: Iterable[Mapping[str, Any]], what: str) -> list[Rule]:
 
 
 def rule_overrides(name: str, rules: list[Rule], policies: list[Rule], used: list[bool]) -> dict[str, Any]:
-    """What ``policies`` then ``rules`` set for ``name``; marks the matched rule in ``used``."""
+    """What ``policies`` then ``rules`` set for ``name``; marks the rule in ``used``."""
     overrides: dict[str, Any] = {}
     for pattern, values in policies:
         if pattern.search(name):

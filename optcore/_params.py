@@ -1,8 +1,6 @@
-"""Turning a model (or tensors) into param groups.
-
-Each named parameter gets, weakest first: the no-decay default (API.md), hook
-plugins' policies, the config's regex ``param_groups`` (:mod:`._group_rules`).
-Parameters with the same overrides share a group, in order of first appearance.
+"""Param groups from a model or tensors. Each named parameter gets, weakest
+first: the no-decay default (API.md), hook plugins' policies, the config's
+regex ``param_groups`` (:mod:`._group_rules`); equal overrides share a group.
 """
 
 from __future__ import annotations
