@@ -31,11 +31,8 @@ def total_grad_norm(grads: Sequence[Tensor]) -> Tensor:
         return torch.zeros(())
     norms = []
     for (_, dtype), bucket in by_device_and_dtype(grads).items():
-        if dtype.is_floating_point:
-            per_tensor = torch._foreach_norm(bucket, 2.0, dtype=torch.promote_types(dtype, torch.float32))
-        else:
-            per_tensor = torch._foreach_norm(bucket, 2.0)
-        norms.append(torch.linalg.vector_norm(torch.stack(per_tensor), 2.0))
+        wide = torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else None
+        norms.append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(bucket, 2.0, dtype=wide)), 2.0))
     first = norms[0].device
     dtype = functools.reduce(torch.promote_types, (n.dtype for n in norms))
     return torch.linalg.vector_norm(torch.stack([n.to(first, dtype) for n in norms]), 2.0)
