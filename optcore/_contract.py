@@ -131,7 +131,6 @@ class ContractMixin:
             for t, chunk in zip(bucket, flat.split([t.numel() for t in bucket])):
                 t.copy_(chunk.view_as(t))
 
-
     def __getstate__(self) -> dict[str, Any]:
         """Every attribute (docs/contract.md) but a ``step`` an LR scheduler bound
         to this object: a copy has no scheduler."""
@@ -153,7 +152,7 @@ class ContractMixin:
                     shapes[index] = list(param.shape)
         # a plain str: torch's TorchVersion would not load with weights_only=True
         version = None if spec.version is None else str.__str__(spec.version)
-        state_dict["optcore"] = {"name": spec.name, "provider": spec.provider, "version": version, "param_shapes": shapes}
+        state_dict["optcore"] = dict(name=spec.name, provider=spec.provider, version=version, param_shapes=shapes)
         return state_dict
 
     def load_state_dict(  # type: ignore[override]
@@ -244,10 +243,8 @@ class ContractMixin:
                 f"{type(self).__name__} does not support step(groups=...): {why}. Step all groups, or use an "
                 "optimizer whose supports_groups is True."
             )
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        with torch.enable_grad():
+            loss = closure() if closure is not None else None
         if groups is None:
             self._scaled_step(scale)
             return loss
