@@ -1,75 +1,58 @@
-"""The optimizer contract (API.md): capability flags, learning rate and gradient
-members, and ``step(closure, scale, groups)``; the checkpoint members are in
-:mod:`._checkpoint`, ``average_params`` in :mod:`._averaging`.
+"""The optimizer contract (API.md, docs/contract.md).
 
-Two roads lead here. Optimizers written for optcore subclass :class:`Optimizer`
-and implement ``step`` natively. ``torch.optim`` and third-party classes are
-*adapted* (:mod:`._adapt`): a subclass mixes :class:`ContractMixin` in front of
-the original class, so ``isinstance(opt, torch.optim.AdamW)`` still holds, the
-original ``step`` runs unchanged, and the adapter costs one Python call per step.
+Native optimizers subclass :class:`Optimizer`; :mod:`._adapt` mixes
+:class:`ContractMixin` in front of torch and third-party classes. A state dict
+records its saver and the shapes of the parameters with state, checked before
+loading: torch checks only the number of parameters per group, so state for
+``Linear(32, 32)`` loads into ``Linear(64, 64)`` and a fused step reads past it.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+import warnings
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from ._averaging import AveragingMixin
-from ._checkpoint import CheckpointMixin
 from ._errors import ConfigError
 from ._grads import by_device_and_dtype, params_with_grad, total_grad_norm
 
 GroupSelector = Sequence[int | str] | int | str | None
 
-#: Keys of a param group that are bookkeeping, not hyper-parameters.
 _NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale"})
+#: bitsandbytes' 8-bit moments: quantised floats, not integers.
+_QUANTISED = ("uint8", "int8")
 
 
-class ContractMixin(CheckpointMixin, AveragingMixin):
-    """The members API.md promises, on top of ``torch.optim.Optimizer``.
+class ContractMixin:
+    """The flags say what is *true* of the class; wrappers read them to pick a strategy."""
 
-    Capability flags are class attributes that subclasses (or :func:`adapt`)
-    set to what is *true* of them; wrappers such as the FP16 optimizers read
-    them to pick a strategy.
-    """
-
-    #: step works on fp16/bf16 params, computing in fp32 and keeping fp32 state.
     supports_memory_efficient_fp16: ClassVar[bool] = False
-    #: ``step(scale=s)`` folds ``1/s`` into the update: no separate unscale pass.
-    supports_step_with_scale: bool = False
-    #: works on one flat contiguous parameter (pointwise update).
+    supports_step_with_scale: bool = False  # not a ClassVar: _adapt makes it a property
     supports_flat_params: ClassVar[bool] = False
-    #: ``step(groups=...)`` steps only the selected groups.
     supports_groups: ClassVar[bool] = True
-    #: Why a flat parameter does not work, for wrappers to show (empty when it does).
     flat_params_unsupported_reason: ClassVar[str] = ""
 
     param_groups: list[dict[str, Any]]
     defaults: dict[str, Any]
     state: Any
 
-    # ------------------------------------------------------------------ config
     @property
     def optimizer_config(self) -> dict[str, Any]:
-        """The effective hyper-parameters: the defaults, with the first group's
-        current values on top (so a scheduler-set ``lr`` is what is reported)."""
+        """The defaults under the first group's current values (a scheduler-set ``lr``)."""
         config = dict(self.defaults)
         if self.param_groups:
-            for key, value in self.param_groups[0].items():
-                if key not in _NON_HPARAM_KEYS:
-                    config[key] = value
+            config.update((k, v) for k, v in self.param_groups[0].items() if k not in _NON_HPARAM_KEYS)
             config["lr"] = self.get_lr()
         return config
 
     def get_lr(self) -> float | Tensor:
-        """The base learning rate: the first group's ``lr`` divided by its
-        ``lr_scale`` (1 unless layer-wise scaling is configured), so that
-        ``set_lr(get_lr())`` changes nothing. A tensor ``lr`` (the
-        torch.compile + LR-scheduler recipe) comes back as a tensor (a copy)."""
+        """The first group's ``lr`` over its ``lr_scale``, so ``set_lr(get_lr())``
+        changes nothing; a tensor ``lr`` (torch.compile's recipe) comes back a copy."""
         group = self.param_groups[0]
         lr, scale = group["lr"], group.get("lr_scale", 1.0)
         if isinstance(lr, Tensor):
@@ -77,15 +60,12 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         return float(lr) / float(scale)
 
     def get_lrs(self) -> list[float | Tensor]:
-        """The learning rate of every group, as stored (``lr_scale`` applied;
-        tensors stay tensors)."""
+        """Every group's ``lr`` as stored (``lr_scale`` applied)."""
         return [g["lr"] if isinstance(g["lr"], Tensor) else float(g["lr"]) for g in self.param_groups]
 
     def set_lr(self, lr: float | Tensor | Sequence[float | Tensor]) -> None:
-        """Set the learning rate: one number (or 0-dim tensor) sets every group
-        to ``lr * group['lr_scale']`` (keeping layer-wise ratios); a sequence
-        gives each group its own value. A group whose ``lr`` is a tensor keeps
-        that tensor and is filled in place (compiled steps see no new value)."""
+        """One number sets each group to ``lr * lr_scale``; a sequence, one per group.
+        A tensor ``lr`` is filled in place, so compiled steps see no new value."""
         if isinstance(lr, (int, float)) or (isinstance(lr, Tensor) and lr.ndim == 0):
             values = [lr * g.get("lr_scale", 1.0) for g in self.param_groups]
         else:
@@ -101,33 +81,21 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
             else:
                 group["lr"] = float(value)
 
-    # --------------------------------------------------------------- gradients
     def backward(self, loss: Tensor) -> None:
-        """``loss.backward()``; precision wrappers scale the loss here."""
         loss.backward()
 
     def multiply_grads(self, c: float | Tensor) -> None:
-        """Multiply every gradient by ``c`` in place, one fused call per device and dtype."""
         if not isinstance(c, Tensor) and c == 1.0:
             return
-        for (device, _), grads in by_device_and_dtype(
-            p.grad for p in params_with_grad(self.param_groups)
-        ).items():
-            factor = c.to(device) if isinstance(c, Tensor) else c
-            torch._foreach_mul_(grads, factor)
+        for (device, _), grads in by_device_and_dtype(p.grad for p in params_with_grad(self.param_groups)).items():
+            torch._foreach_mul_(grads, c.to(device) if isinstance(c, Tensor) else c)
 
     def clip_grad_norm(
         self,
         max_norm: float,
         aggregate_norm_fn: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
-        """Return the total 2-norm of all gradients and, if ``max_norm > 0``,
-        scale them so it is at most ``max_norm``.
-
-        ``aggregate_norm_fn`` combines per-shard norms (model parallelism) before
-        clipping. A non-finite norm is returned without touching the gradients,
-        so the caller (or a loss scaler) can skip the step.
-        """
+        """A non-finite norm leaves the grads alone, so a loss scaler can skip the step."""
         grads = [p.grad for p in params_with_grad(self.param_groups)]
         if not grads:
             return torch.zeros(())
@@ -135,14 +103,94 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         if aggregate_norm_fn is not None:
             total = aggregate_norm_fn(total)
         if max_norm > 0 and bool(torch.isfinite(total)):
-            coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-            self.multiply_grads(coef)
+            self.multiply_grads((max_norm / (total + 1e-6)).clamp(max=1.0))
         return total
 
-    # -------------------------------------------------------------------- step
+    @torch.no_grad()
+    def average_params(self, group: Any = None) -> None:
+        """Parameters and their moments (floating state of their shape), one flat
+        buffer per device and dtype: a handful of collectives, not one per tensor."""
+        dist = torch.distributed
+        world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+        if world == 1:
+            return
+        tensors: list[Tensor] = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                tensors.append(p.data)
+                tensors.extend(
+                    v
+                    for v in self.state.get(p, {}).values()
+                    if isinstance(v, Tensor) and v.is_floating_point() and v.shape == p.shape
+                )
+        _check_ranks_agree(tensors, group)
+        for bucket in by_device_and_dtype(tensors).values():
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            flat.div_(world)
+            for t, chunk in zip(bucket, flat.split([t.numel() for t in bucket])):
+                t.copy_(chunk.view_as(t))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Every attribute (docs/contract.md) but a ``step`` an LR scheduler bound
+        to this object: a copy has no scheduler."""
+        state = self.__dict__.copy()
+        state.pop("step", None)
+        return state
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """torch's, plus ``"optcore": {"name", "provider", "version", "param_shapes"}``
+        when built by optcore (the shapes of the parameters with state)."""
+        state_dict = super().state_dict()  # type: ignore[misc]
+        spec = getattr(self, "optcore_spec", None)
+        if spec is None or not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
+            return state_dict
+        shapes: dict[int, list[int]] = {}
+        for saved, group in zip(state_dict["param_groups"], self.param_groups):
+            for index, param in zip(saved.get("params", ()), group["params"]):
+                if index in state_dict.get("state", {}):
+                    shapes[index] = list(param.shape)
+        # a plain str: torch's TorchVersion would not load with weights_only=True
+        version = None if spec.version is None else str.__str__(spec.version)
+        state_dict["optcore"] = dict(name=spec.name, provider=spec.provider, version=version, param_shapes=shapes)
+        return state_dict
+
+    def load_state_dict(  # type: ignore[override]
+        self,
+        state_dict: Mapping[str, Any],
+        optimizer_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Another version of the saver loads with a warning; a plain torch state
+        dict is checked against the parameters only."""
+        if isinstance(state_dict, Mapping):
+            record = state_dict.get("optcore")
+            if isinstance(record, Mapping):
+                _check_identity(self, record)
+                state_dict = {k: v for k, v in state_dict.items() if k != "optcore"}
+            _check_shapes(self, state_dict, record.get("param_shapes") if isinstance(record, Mapping) else None)
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        if optimizer_overrides:
+            known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
+            unknown = sorted(set(optimizer_overrides) - known)
+            if unknown:
+                raise ConfigError(
+                    f"optimizer_overrides has unknown hyper-parameter(s) {unknown}; "
+                    f"this optimizer has {sorted(known - {'param_names'})}.",
+                    problems=[(k, "unknown hyper-parameter") for k in unknown],
+                    accepted=sorted(known),
+                )
+            for group in self.param_groups:
+                for key, value in optimizer_overrides.items():
+                    if key == "lr" and group.get("lr_scale", 1.0) != 1.0:
+                        value = value * group["lr_scale"]
+                    if isinstance(group.get(key), Tensor) and not isinstance(value, Tensor):
+                        group[key].fill_(value)
+                    else:
+                        group[key] = value
+            self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
+
     def _select_groups(self, groups: GroupSelector) -> list[dict[str, Any]]:
-        """The param groups named by ``groups``: indices, or the ``name`` given
-        to a group in the config; ``None`` selects all."""
+        """The groups named by index or config ``name``; ``None`` selects all."""
         if groups is None:
             return list(self.param_groups)
         names, count = [g.get("name") for g in self.param_groups], len(self.param_groups)
@@ -159,10 +207,8 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
                 selected.append(self.param_groups[index])
         return selected
 
-    #: Classes whose ``step`` must call the closure itself (LBFGS re-evaluates it).
+    #: LBFGS-like classes re-evaluate the closure inside their step.
     _passes_closure: ClassVar[bool] = False
-    #: The adapted class's own ``step``, without torch's profiling wrapper (set by
-    #: :func:`optcore._adapt.adapt`; a plain attribute so torch.compile traces it).
     _original_step: ClassVar[Callable[..., Any] | None] = None
 
     def step(  # type: ignore[override]
@@ -171,13 +217,8 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
         scale: float = 1.0,
         groups: GroupSelector = None,
     ) -> float | None:
-        """One update with gradients divided by ``scale``, restricted to ``groups``.
-
-        The adapted class's own ``step`` does the work, after the closure (so
-        ``scale`` applies to the gradients it produced). A plain ``step()`` is
-        that step and nothing else: one call, so torch.compile sees the graph
-        breaks torch's optimizer has, and no more.
-        """
+        """A plain ``step()`` is one call of the class's own, so torch.compile sees
+        the graph breaks torch's optimizer has, and no more."""
         original = self._original_step
         if scale == 1.0 and groups is None and original is not None and (closure is None or self._passes_closure):
             return original(self, closure)
@@ -191,12 +232,19 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
                     "scale= or groups=; unscale the loss in the closure instead."
                 )
             return self._base_step(closure)
-        if groups is not None:
-            self._check_groups_supported()
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        if groups is not None and not (self.supports_groups and param_groups_assignable(type(self))):
+            why = (
+                "its param_groups is a read-only property (it wraps another optimizer or derives its groups), "
+                "so optcore cannot restrict a step to some of them"
+                if not param_groups_assignable(type(self))
+                else "its update may couple param groups (or optcore cannot vouch that it does not)"
+            )
+            raise ConfigError(
+                f"{type(self).__name__} does not support step(groups=...): {why}. Step all groups, or use an "
+                "optimizer whose supports_groups is True."
+            )
+        with torch.enable_grad():
+            loss = closure() if closure is not None else None
         if groups is None:
             self._scaled_step(scale)
             return loss
@@ -208,32 +256,13 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
             self.param_groups = saved_groups
         return loss
 
-    def _check_groups_supported(self) -> None:
-        assignable = param_groups_assignable(type(self))
-        if self.supports_groups and assignable:
-            return
-        if not assignable:
-            why = (
-                "its param_groups is a read-only property (it wraps another optimizer or derives its groups), "
-                "so optcore cannot restrict a step to some of them"
-            )
-        else:
-            why = "its update may couple param groups (or optcore cannot vouch that it does not)"
-        raise ConfigError(
-            f"{type(self).__name__} does not support step(groups=...): {why}. Step all groups, or use an "
-            "optimizer whose supports_groups is True."
-        )
-
     def _scaled_step(self, scale: float) -> None:
-        """The class's step on gradients divided by ``scale``: one multiply over
-        them first (adapted classes whose fused kernels take ``grad_scale`` fold it in)."""
         if scale != 1.0:
             self.multiply_grads(1.0 / scale)
         self._base_step(None)
 
     def _base_step(self, closure: Callable[[], float] | None) -> float | None:
-        """The adapted class's own ``step``, without torch's profiling wrapper
-        (our class already carries one; running the step hooks twice would be a bug)."""
+        """Without torch's profiling wrapper: ours already runs the step hooks."""
         original = self._original_step
         if original is None:  # a ContractMixin subclass not made by adapt()
             return super().step(closure)  # type: ignore[misc]
@@ -241,20 +270,14 @@ class ContractMixin(CheckpointMixin, AveragingMixin):
 
 
 def param_groups_assignable(cls: type) -> bool:
-    """False where ``param_groups`` is a read-only property (wrappers such as
-    Lookahead or ScheduleFreeWrapper expose their inner optimizer's groups)."""
+    """False for a read-only ``param_groups`` (Lookahead-style wrappers)."""
     attr = inspect.getattr_static(cls, "param_groups", None)
     return not (isinstance(attr, property) and attr.fset is None)
 
 
 class Optimizer(ContractMixin, torch.optim.Optimizer):
-    """Base class for optimizers written for optcore.
-
-    Subclasses implement ``step(closure=None, scale=1.0, groups=None)``
-    natively (use :meth:`_select_groups` and fold ``1/scale`` into the update),
-    set the capability flags that are true of them, and may attach a pydantic
-    ``config_schema``.
-    """
+    """Base of native optimizers: ``step`` folds ``1/scale`` into the update and
+    steps :meth:`_select_groups`; a pydantic ``config_schema`` is optional."""
 
     config_schema: ClassVar[Any] = None
 
@@ -266,3 +289,90 @@ class Optimizer(ContractMixin, torch.optim.Optimizer):
     ) -> float | None:
         raise NotImplementedError(f"{type(self).__name__} must implement step(closure, scale, groups)")
 
+
+def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
+    """The same :class:`ConfigError` on every rank unless all average the same
+    tensors: one all-gather of (count, elements, checksum of dtypes and shapes)."""
+    dist = torch.distributed
+    device = tensors[0].device if tensors else torch.device("cpu")
+    if dist.get_backend(group) == "nccl" and device.type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    layout = zlib.crc32(";".join(f"{t.dtype}{tuple(t.shape)}" for t in tensors).encode())
+    mine = torch.tensor([len(tensors), sum(t.numel() for t in tensors), layout], dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    signatures = [t.tolist() for t in gathered]
+    if any(sig != signatures[0] for sig in signatures):
+        lines = [f"  rank {r}: {n} tensors, {e} elements, layout {c:08x}" for r, (n, e, c) in enumerate(signatures)]
+        raise ConfigError(
+            "average_params: the ranks do not hold the same parameters and optimizer state, so there is "
+            "nothing consistent to average:\n" + "\n".join(lines) + "\n"
+            "Optimizer state appears on the first step: call average_params on every rank after the same "
+            "number of steps, with the same model and optimizer config.",
+            problems=[("average_params", "ranks disagree")],
+        )
+
+
+def _check_identity(optimizer: Any, record: Mapping[str, Any]) -> None:
+    spec = getattr(optimizer, "optcore_spec", None)
+    if spec is None:  # made by adapt() directly (ZeroRedundancyOptimizer's shards): no name to compare
+        return
+    saved = f"{record.get('name')} from {record.get('provider')}"
+    if (record.get("name"), record.get("provider")) != (spec.name, spec.provider):
+        raise ConfigError(
+            f"This state_dict was saved by {saved} {record.get('version') or ''}".rstrip()
+            + f", and this optimizer is {spec.name} from {spec.provider}: one optimizer's state means nothing "
+            f"to another. Build the optimizer that saved it (type {record.get('provider')}:{record.get('name')}) "
+            "to resume, or skip load_state_dict to start this one fresh.",
+            problems=[("optcore", f"saved by {saved}, loading into {spec.qualified}")],
+        )
+    if record.get("version") != (None if spec.version is None else str(spec.version)):
+        warnings.warn(
+            f"This state_dict was saved by {saved} version {record.get('version')}, and this is version "
+            f"{spec.version}; it loads because its layout fits the parameters. Check the provider's changelog "
+            "if the resumed run behaves differently.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _check_shapes(optimizer: Any, state_dict: Mapping[str, Any], saved_shapes: Any) -> None:
+    groups, state = state_dict.get("param_groups"), state_dict.get("state")
+    if not isinstance(groups, list) or not isinstance(state, Mapping):
+        return
+    known_layout = getattr(type(optimizer), "adapted_from", type(optimizer)).__module__.startswith("torch.optim")
+    position = 0
+    for g, (saved, group) in enumerate(zip(groups, optimizer.param_groups)):
+        for i, (index, param) in enumerate(zip(saved.get("params", ()), group["params"])):
+            entry = state.get(index)
+            shape = saved_shapes.get(index) if isinstance(saved_shapes, Mapping) else None
+            problem = _mismatch(param, entry, shape, known_layout) if isinstance(entry, Mapping) else None
+            if problem:
+                raise ConfigError(
+                    f"The state_dict does not fit this optimizer's parameters: parameter {position + i} (param "
+                    f"group {g}, position {i}, shape {tuple(param.shape)}): {problem}. It was saved for another "
+                    "model (or another parameter order); load the matching checkpoint, or skip load_state_dict "
+                    "to start the optimizer fresh.",
+                    problems=[(f"state[{index}]", problem)],
+                )
+        position += len(group["params"])
+
+
+def _mismatch(param: Tensor, entry: Mapping[str, Any], saved_shape: Any, known_layout: bool) -> str | None:
+    if saved_shape is not None and tuple(saved_shape) != tuple(param.shape):
+        return f"the state was saved for shape {tuple(saved_shape)}"
+    for key, value in entry.items():
+        if not isinstance(value, Tensor) or value.dim() == 0:
+            continue
+        if (
+            value.shape == param.shape
+            and value.is_floating_point() != param.is_floating_point()
+            and str(value.dtype).removeprefix("torch.") not in _QUANTISED
+        ):
+            return f"state {key!r} is {value.dtype} and the parameter {param.dtype} (floating vs integer)"
+        # Without a saved shape, torch's own layouts are known: every state tensor
+        # of the parameter's rank is its shape or broadcasts to it (Adafactor's factors).
+        if saved_shape is None and known_layout and value.dim() == param.dim():
+            if any(v not in (p, 1) for v, p in zip(value.shape, param.shape)):
+                return f"state {key!r} has shape {tuple(value.shape)}"
+    return None

@@ -1,14 +1,8 @@
-"""The config's param-group rules: regex ``param_groups`` entries, hook policies,
-and the ``lr_scale`` and ``no_decay`` switches.
+"""The config's regex ``param_groups``, hook policies, ``lr_scale``, ``no_decay``:
+checked from the config alone (``optcore check``) and against parameter names.
 
-Its own module because the rules are checked twice, with and without a model:
-``optcore check`` validates them from the config alone
-(:func:`validate_group_specs`), and :func:`optcore._params.build_param_groups`
-applies them to the parameter names. A parameter matched by two of the
-config's regexes is an error, not a silent pick, and so is a regex that
-matches no trainable parameter (a typo or a config written for another model
-would otherwise change nothing, silently); a group marked ``"optional": true``
-may match nothing.
+A parameter two regexes match is an error, not a silent pick; so is a regex that
+matches nothing (a typo would change nothing) unless it is ``"optional": true``.
 """
 
 from __future__ import annotations
@@ -20,19 +14,15 @@ from typing import Any
 from ._errors import ConfigError
 from ._values import as_finite, as_flag, short_repr
 
-#: A compiled entry: the regex over parameter names, and the values it sets.
 Rule = tuple[re.Pattern[str], dict[str, Any]]
 
-#: Keys a param-group override may carry besides hyper-parameters.
 GROUP_META_KEYS = frozenset({"name", "lr_scale", "params"})
-#: Keys of a ``param_groups`` regex entry that only steer the matching.
+#: Keys that only steer the matching.
 MATCH_KEYS = frozenset({"optional"})
 
 
 def no_decay_flag(value: Any) -> bool:
-    """The config's ``no_decay`` switch as a bool: ``True``/``False`` or
-    ``"true"``/``"false"``, never judged by truthiness (``"false"`` is a
-    non-empty string); anything else is a :class:`ConfigError`."""
+    """Never judged by truthiness: ``"false"`` is false."""
     try:
         return as_flag(value, "no_decay")
     except ValueError as exc:
@@ -43,8 +33,6 @@ def no_decay_flag(value: Any) -> bool:
 
 
 def lr_scale_value(value: Any, where: str = "lr_scale") -> float:
-    """A group's ``lr_scale`` as a finite, non-negative float (booleans,
-    ``nan`` and ``inf`` are a :class:`ConfigError`)."""
     try:
         scale = as_finite(value, where)
     except ValueError as exc:
@@ -57,7 +45,6 @@ def lr_scale_value(value: Any, where: str = "lr_scale") -> float:
 
 
 def compile_rules(groups: Iterable[Mapping[str, Any]], what: str) -> list[Rule]:
-    """Each entry checked (a mapping with a ``params`` regex that compiles) and compiled."""
     out = []
     for i, group in enumerate(groups):
         if not isinstance(group, Mapping) or not isinstance(group.get("params"), str):
@@ -87,8 +74,7 @@ def compile_rules(groups: Iterable[Mapping[str, Any]], what: str) -> list[Rule]:
 
 
 def rule_overrides(name: str, rules: list[Rule], policies: list[Rule], used: list[bool]) -> dict[str, Any]:
-    """What the ``policies`` (hook plugins', weaker) and then the config's
-    ``rules`` set for parameter ``name``; marks the rule that matched in ``used``."""
+    """What ``policies`` then ``rules`` set for ``name``; marks the rule in ``used``."""
     overrides: dict[str, Any] = {}
     for pattern, values in policies:
         if pattern.search(name):
@@ -108,8 +94,6 @@ def rule_overrides(name: str, rules: list[Rule], policies: list[Rule], used: lis
 
 
 def check_all_used(entries: list[Mapping[str, Any]], regexes: list[Rule], used: list[bool], names: list[str]) -> None:
-    """A ``param_groups`` regex that selects nothing is an error, naming a few
-    parameter names to write the regex against (``"optional": true`` allows it)."""
     unused = [
         i for i, hit in enumerate(used) if not hit and not as_flag(entries[i].get("optional", False), "optional")
     ]
@@ -126,10 +110,8 @@ def check_all_used(entries: list[Mapping[str, Any]], regexes: list[Rule], used: 
 
 
 def validate_group_specs(param_groups: Iterable[Mapping[str, Any]] | None) -> None:
-    """Check a config's regex ``param_groups`` without any parameters at hand:
-    each a mapping with a valid ``params`` regex, and no regex given twice (a
-    parameter it matches would be matched twice, and one that matches nothing
-    is an error too, so a repeated regex can never build)."""
+    """Without parameters at hand; a regex given twice can never build (what it
+    matches is matched twice)."""
     compiled = compile_rules(param_groups or [], "param_groups")
     seen: dict[str, int] = {}
     for i, (pattern, _) in enumerate(compiled):

@@ -1,11 +1,6 @@
-"""Turning a model (or tensors) into param groups.
-
-Policies are applied to every named parameter from weakest to strongest: the
-no-decay default (biases and normalisation weights get ``weight_decay=0``, as
-the Hugging Face Trainer does), then policies contributed by hook plugins, then
-the config's own ``param_groups`` (regexes over parameter names, checked by
-:mod:`._group_rules`). Parameters with the same resulting overrides share a
-group, in order of first appearance.
+"""Param groups from a model or tensors. Each named parameter gets, weakest
+first: the no-decay default (API.md), hook plugins' policies, the config's
+regex ``param_groups`` (:mod:`._group_rules`); equal overrides share a group.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ _NORM_TYPES: tuple[type, ...] = (
 
 
 def _no_decay_names(model: nn.Module) -> set[str]:
-    """Biases and the parameters of normalisation layers; custom norms
-    (LlamaRMSNorm, T5LayerNorm, ...) are recognised by their class name."""
+    """Custom norms (LlamaRMSNorm, T5LayerNorm, ...) are known by their class name."""
     return {
         f"{module_name}.{name}" if module_name else name
         for module_name, module in model.named_modules()
@@ -43,12 +37,11 @@ def _no_decay_names(model: nn.Module) -> set[str]:
 def _no_decay_by_name(name: str) -> bool:
     """The same judgement from a name alone (a dict of name -> tensor)."""
     parts = name.lower().split(".")
-    return parts[-1] in {"bias"} or any("norm" in p or p in {"ln", "ln_f"} or p.startswith("ln_") for p in parts[:-1])
+    return parts[-1] == "bias" or any("norm" in p or p in {"ln", "ln_f"} or p.startswith("ln_") for p in parts[:-1])
 
 
 def _named_params(params_or_model: Any, leaf_only: bool = True) -> tuple[list[tuple[Any, Tensor]], set[str] | None]:
-    """(named trainable tensors, names not to decay); None for the names when
-    the tensors came without any."""
+    """(named trainable tensors, names not to decay or None when unnamed)."""
     if isinstance(params_or_model, nn.Module):
         named = [(n, p) for n, p in params_or_model.named_parameters() if p.requires_grad]
         return named, _no_decay_names(params_or_model)
@@ -69,12 +62,9 @@ def _named_params(params_or_model: Any, leaf_only: bool = True) -> tuple[list[tu
         ) from None
     if items and all(isinstance(i, tuple) and len(i) == 2 and isinstance(i[0], str) for i in items):
         return _named_params(dict(items), leaf_only)
-    named = []
     for i, p in enumerate(items):
         _check_tensor(p, f"params[{i}]", leaf_only)
-        if p.requires_grad:
-            named.append((None, p))
-    return named, None
+    return [(None, p) for p in items if p.requires_grad], None
 
 
 def _check_tensor(p: Any, where: str, leaf_only: bool = True) -> None:
@@ -99,21 +89,6 @@ def _dedup(named: list[tuple[str | None, Tensor]]) -> list[tuple[str | None, Ten
     return list(first.values())
 
 
-def _explicit_groups(groups: list[Mapping[str, Any]], leaf_only: bool = True) -> list[dict[str, Any]]:
-    out = []
-    for i, group in enumerate(groups):
-        if "params" not in group:
-            raise ConfigError(f"param group {i} has no 'params' key.", problems=[(f"param_groups[{i}]", "no params")])
-        settings = {k: v for k, v in group.items() if k != "params"}
-        if "lr_scale" in settings:
-            settings["lr_scale"] = lr_scale_value(settings["lr_scale"], f"param group {i} lr_scale")
-        named, _ = _named_params(group["params"], leaf_only)
-        tensors = [p for _, p in _dedup(named)]
-        if tensors:
-            out.append({**settings, "params": tensors})
-    return out
-
-
 def build_param_groups(
     params_or_model: Any,
     param_groups: list[Mapping[str, Any]] | None = None,
@@ -123,21 +98,25 @@ def build_param_groups(
     policies: list[Mapping[str, Any]] | None = None,
     leaf_only: bool = True,
 ) -> list[dict[str, Any]]:
-    """Param groups for ``params_or_model`` (see the module docstring).
-
-    ``weight_decay`` is the optimizer's value: the no-decay group is made only
-    when it is non-zero. ``param_groups`` are ``{"params": "<regex>", ...}``
-    overrides; ``policies`` are hook-contributed overrides (weaker).
-    ``no_decay`` is the config's switch as given (checked by
-    :func:`no_decay_flag`: ``"false"`` is false). ``leaf_only=False`` accepts
-    non-leaf tensors (an optimizer built with ``differentiable=True``).
-    """
+    """``weight_decay`` is the optimizer's: no no-decay group unless it is
+    non-zero. ``leaf_only=False`` is for ``differentiable=True``."""
     if isinstance(params_or_model, (list, tuple)) and params_or_model and all(
         isinstance(g, Mapping) for g in params_or_model
     ):
         if param_groups:
             raise ConfigError("Give either explicit param-group dicts or regex 'param_groups' in the config, not both.")
-        groups = _explicit_groups(list(params_or_model), leaf_only)
+        groups = []
+        for i, group in enumerate(params_or_model):
+            if "params" not in group:
+                raise ConfigError(
+                    f"param group {i} has no 'params' key.", problems=[(f"param_groups[{i}]", "no params")]
+                )
+            settings = {k: v for k, v in group.items() if k != "params"}
+            if "lr_scale" in settings:
+                settings["lr_scale"] = lr_scale_value(settings["lr_scale"], f"param group {i} lr_scale")
+            tensors = [p for _, p in _dedup(_named_params(group["params"], leaf_only)[0])]
+            if tensors:
+                groups.append({**settings, "params": tensors})
         if not groups:
             raise ConfigError("No trainable parameters: every parameter has requires_grad=False.")
         return groups
