@@ -2,15 +2,13 @@
 
 Native optimizers subclass :class:`Optimizer`; :mod:`._adapt` mixes
 :class:`ContractMixin` in front of torch and third-party classes. A state dict
-records its saver and the shapes of the parameters with state, checked before
-loading: torch checks only the number of parameters per group, so state for
-``Linear(32, 32)`` loads into ``Linear(64, 64)`` and a fused step reads past it.
+records its saver and the shapes of the parameters with state, which
+:mod:`._checkpoint` checks before loading.
 """
 
 from __future__ import annotations
 
 import inspect
-import warnings
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -18,14 +16,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from ._checkpoint import check_identity, check_shapes
 from ._errors import ConfigError
 from ._grads import by_device_and_dtype, params_with_grad, total_grad_norm
 
 GroupSelector = Sequence[int | str] | int | str | None
 
 _NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale"})
-#: bitsandbytes' 8-bit moments: quantised floats, not integers.
-_QUANTISED = ("uint8", "int8")
 
 
 class ContractMixin:
@@ -165,9 +162,9 @@ class ContractMixin:
         if isinstance(state_dict, Mapping):
             record = state_dict.get("optcore")
             if isinstance(record, Mapping):
-                _check_identity(self, record)
+                check_identity(self, record)
                 state_dict = {k: v for k, v in state_dict.items() if k != "optcore"}
-            _check_shapes(self, state_dict, record.get("param_shapes") if isinstance(record, Mapping) else None)
+            check_shapes(self, state_dict, record.get("param_shapes") if isinstance(record, Mapping) else None)
         super().load_state_dict(state_dict)  # type: ignore[misc]
         if optimizer_overrides:
             known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
@@ -311,68 +308,3 @@ def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
             "number of steps, with the same model and optimizer config.",
             problems=[("average_params", "ranks disagree")],
         )
-
-
-def _check_identity(optimizer: Any, record: Mapping[str, Any]) -> None:
-    spec = getattr(optimizer, "optcore_spec", None)
-    if spec is None:  # made by adapt() directly (ZeroRedundancyOptimizer's shards): no name to compare
-        return
-    saved = f"{record.get('name')} from {record.get('provider')}"
-    if (record.get("name"), record.get("provider")) != (spec.name, spec.provider):
-        raise ConfigError(
-            f"This state_dict was saved by {saved} {record.get('version') or ''}".rstrip()
-            + f", and this optimizer is {spec.name} from {spec.provider}: one optimizer's state means nothing "
-            f"to another. Build the optimizer that saved it (type {record.get('provider')}:{record.get('name')}) "
-            "to resume, or skip load_state_dict to start this one fresh.",
-            problems=[("optcore", f"saved by {saved}, loading into {spec.qualified}")],
-        )
-    if record.get("version") != (None if spec.version is None else str(spec.version)):
-        warnings.warn(
-            f"This state_dict was saved by {saved} version {record.get('version')}, and this is version "
-            f"{spec.version}; it loads because its layout fits the parameters. Check the provider's changelog "
-            "if the resumed run behaves differently.",
-            UserWarning,
-            stacklevel=3,
-        )
-
-
-def _check_shapes(optimizer: Any, state_dict: Mapping[str, Any], saved_shapes: Any) -> None:
-    groups, state = state_dict.get("param_groups"), state_dict.get("state")
-    if not isinstance(groups, list) or not isinstance(state, Mapping):
-        return
-    known_layout = getattr(type(optimizer), "adapted_from", type(optimizer)).__module__.startswith("torch.optim")
-    position = 0
-    for g, (saved, group) in enumerate(zip(groups, optimizer.param_groups)):
-        for i, (index, param) in enumerate(zip(saved.get("params", ()), group["params"])):
-            entry = state.get(index)
-            shape = saved_shapes.get(index) if isinstance(saved_shapes, Mapping) else None
-            problem = _mismatch(param, entry, shape, known_layout) if isinstance(entry, Mapping) else None
-            if problem:
-                raise ConfigError(
-                    f"The state_dict does not fit this optimizer's parameters: parameter {position + i} (param "
-                    f"group {g}, position {i}, shape {tuple(param.shape)}): {problem}. It was saved for another "
-                    "model (or another parameter order); load the matching checkpoint, or skip load_state_dict "
-                    "to start the optimizer fresh.",
-                    problems=[(f"state[{index}]", problem)],
-                )
-        position += len(group["params"])
-
-
-def _mismatch(param: Tensor, entry: Mapping[str, Any], saved_shape: Any, known_layout: bool) -> str | None:
-    if saved_shape is not None and tuple(saved_shape) != tuple(param.shape):
-        return f"the state was saved for shape {tuple(saved_shape)}"
-    for key, value in entry.items():
-        if not isinstance(value, Tensor) or value.dim() == 0:
-            continue
-        if (
-            value.shape == param.shape
-            and value.is_floating_point() != param.is_floating_point()
-            and str(value.dtype).removeprefix("torch.") not in _QUANTISED
-        ):
-            return f"state {key!r} is {value.dtype} and the parameter {param.dtype} (floating vs integer)"
-        # Without a saved shape, torch's own layouts are known: every state tensor
-        # of the parameter's rank is its shape or broadcasts to it (Adafactor's factors).
-        if saved_shape is None and known_layout and value.dim() == param.dim():
-            if any(v not in (p, 1) for v, p in zip(value.shape, param.shape)):
-                return f"state {key!r} has shape {tuple(value.shape)}"
-    return None
