@@ -130,6 +130,26 @@ def test_the_first_distribution_of_a_name_on_sys_path_wins(fake_plugins, tmp_pat
     assert spec.version == "1.0" and not spec.shadowed
 
 
+def test_an_egg_info_without_a_version_in_its_name_reads_its_header(tmp_path, monkeypatch):
+    """An editable install's ``pkg.egg-info`` (source tree on sys.path) names
+    neither distribution nor version: they come from PKG-INFO's header, not
+    its body."""
+    info = tmp_path / "optcore_egg_fake.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: optcore-egg-fake\nVersion: 0.3\nSummary: x\n\nName: not the header\n"
+    )
+    (info / "entry_points.txt").write_text("[optcore.optimizers]\nEggOpt = optcore_egg_fake:Opt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins.refresh()
+    try:
+        (entry,) = [e for e in plugins.entry_points("optcore.optimizers") if e.name == "EggOpt"]
+        assert (entry.distribution, entry.version) == ("optcore-egg-fake", "0.3")
+    finally:
+        monkeypatch.undo()
+        plugins.refresh()
+
+
 def test_missing_path_entries_need_no_importlib_metadata():
     code = textwrap.dedent("""
         import sys
