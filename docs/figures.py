@@ -123,6 +123,41 @@ def render_bench_adafactor(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _footer(data: dict[str, Any], extra: str = "") -> str:
+    """The line under a benchmark table: when, torch, threads, rounds, load and the command."""
+    return (
+        f"{data['when']}, torch {data['torch']}, {data['threads']} threads, {data['rounds']} rounds{extra}, load "
+        f"average {data['load_average'][0]}-{data['load_average'][1]}: `{data['command']}`"
+    )
+
+
+def _sizes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first row of each size, in order."""
+    first: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        first.setdefault(row["params"], row)
+    return list(first.values())
+
+
+def render_bench_lion(data: dict[str, Any]) -> str:
+    lines = [
+        "| size | implementation | ms/step (best) | x bound (median; range) | x C kernel | x best peer | first step ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        low, high = row["x_bound_range"]
+        peer = "-" if row["x_best_peer"] is None else f"{row['x_best_peer']:.2f}"
+        lines.append(
+            f"| {row['params'] / 1e6:.1f}M | {row['implementation']} | {row['best_ms']:.1f} "
+            f"| {row['x_bound']:.2f} ({low:.2f}-{high:.2f}) | {row['x_kernel']:.2f} | {peer} | {row['first_ms']:.0f} |"
+        )
+    bounds = "; ".join(
+        f"{r['params'] / 1e6:.1f}M: {r['bound_ms']:.1f} ms at {r['add_gbs']:.1f} GB/s" for r in _sizes(data["rows"])
+    )
+    lines += ["", f"Bound (20 B/param at the median `add_` rate): {bounds}. " + _footer(data, ", fp32")]
+    return "\n".join(lines)
+
+
 def plot_compare(data: dict[str, Any]) -> None:
     from optcore.compare.report import plot_curves
 
@@ -167,6 +202,14 @@ FIGURES: list[Figure] = [
         "python benchmarks/bench_adafactor.py --sizes 10M,100M --ours c --peers none --modes relative,manual "
         "--json docs/results/bench_adafactor.json",
         render_bench_adafactor,
+    ),
+    Figure(
+        "bench-lion",
+        ROOT / "plugins" / "optcore-lion" / "README.md",
+        RESULTS / "bench_lion.json",
+        "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 python benchmarks/bench_lion.py --sizes 10M,100M --rounds 5 "
+        "--json docs/results/bench_lion.json",
+        render_bench_lion,
     ),
 ]
 
