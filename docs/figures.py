@@ -158,6 +158,37 @@ def render_bench_lion(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_bench_fp16(data: dict[str, Any]) -> str:
+    lines = [
+        "| size | implementation | step ms (best) | vs hand-written loop | vs bound (median; range) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for size in _sizes(data["rows"]):
+        lines.append(
+            f"| {size['params'] / 1e6:.1f}M | bandwidth bound (40 B/param at {size['add_gbs']:.1f} GB/s) "
+            f"| {size['bound_ms']:.1f} | | 1.00 |"
+        )
+        for row in (r for r in data["rows"] if r["params"] == size["params"]):
+            low, high = row["x_bound_range"]
+            lines.append(
+                f"| {row['params'] / 1e6:.1f}M | {row['implementation']} | {row['best_ms']:.1f} | {row['x_loop']:.3f} "
+                f"| {row['x_bound']:.2f} ({low:.2f}-{high:.2f}) |"
+            )
+    lines += [
+        "",
+        "| size | wrapper | fp32 param copy + its grad, B/param (MiB) | optimizer state, B/param (MiB) |",
+        "|---|---|---:|---:|",
+    ]
+    for row in data["memory"]:
+        n, copies, state = row["params"], row["copies_bytes"], row["state_bytes"]
+        lines.append(
+            f"| {n / 1e6:.1f}M | {row['wrapper']} | {copies / n:.2f} ({copies / 2**20:.0f}) "
+            f"| {state / n:.2f} ({state / 2**20:.0f}) |"
+        )
+    lines += ["", _footer(data, ", fp16 parameters")]
+    return "\n".join(lines)
+
+
 def plot_compare(data: dict[str, Any]) -> None:
     from optcore.compare.report import plot_curves
 
@@ -210,6 +241,13 @@ FIGURES: list[Figure] = [
         "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 python benchmarks/bench_lion.py --sizes 10M,100M --rounds 5 "
         "--json docs/results/bench_lion.json",
         render_bench_lion,
+    ),
+    Figure(
+        "bench-fp16",
+        ROOT / "plugins" / "optcore-fp16" / "README.md",
+        RESULTS / "bench_fp16.json",
+        "python benchmarks/bench_fp16.py --sizes 10M,100M --rounds 7 --json docs/results/bench_fp16.json",
+        render_bench_fp16,
     ),
 ]
 
