@@ -189,6 +189,31 @@ def render_bench_fp16(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_bench_adascale(data: dict[str, Any]) -> str:
+    lines = [
+        "| size | step vs SGD | step, x bound (median; range) | hooks ms / backward (bound) "
+        "| hooks, x bound (median; range) | iteration vs SGD |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        (s_low, s_high), (h_low, h_high) = row["step_x_bound_range"], row["hooks_x_bound_range"]
+        lines.append(
+            f"| {row['params'] / 1e6:.1f}M ({row['tensors']} tensors) "
+            f"| {row['step_ratio']:.2f}x ({row['step_ms']:.2f} vs {row['sgd_step_ms']:.2f} ms) "
+            f"| {row['step_x_bound']:.2f} ({s_low:.2f}-{s_high:.2f}) "
+            f"| {row['hooks_ms']:.2f} ({row['hooks_bound_ms']:.2f}) "
+            f"| {row['hooks_x_bound']:.2f} ({h_low:.2f}-{h_high:.2f}) "
+            f"| {row['iteration_ratio']:.2f}x ({row['iteration_ms']:.1f} vs {row['sgd_iteration_ms']:.1f} ms) |"
+        )
+    rates = "; ".join(f"{r['params'] / 1e6:.1f}M: {r['add_gbs']:.1f} GB/s" for r in data["rows"])
+    lines += [
+        "",
+        f"Bounds (20 B/param for the step, 4 B/param per backward for the hooks) at the median `add_` rate: {rates}. "
+        + _footer(data, f" of {data['reps']} reps, {data['clock']} clock, fp32"),
+    ]
+    return "\n".join(lines)
+
+
 def plot_compare(data: dict[str, Any]) -> None:
     from optcore.compare.report import plot_curves
 
@@ -248,6 +273,14 @@ FIGURES: list[Figure] = [
         RESULTS / "bench_fp16.json",
         "python benchmarks/bench_fp16.py --sizes 10M,100M --rounds 7 --json docs/results/bench_fp16.json",
         render_bench_fp16,
+    ),
+    Figure(
+        "bench-adascale",
+        ROOT / "plugins" / "optcore-adascale" / "README.md",
+        RESULTS / "bench_adascale.json",
+        "python benchmarks/bench_adascale.py --sizes 10M 100M --threads 1 --rounds 5 --reps 3 "
+        "--json docs/results/bench_adascale.json",
+        render_bench_adascale,
     ),
 ]
 
