@@ -316,18 +316,25 @@ def write(figure: Figure) -> None:
         figure.plot(json.loads(figure.results.read_text()))
 
 
+def _where(figure: Figure) -> str:
+    page = figure.page.relative_to(ROOT) if figure.page.is_relative_to(ROOT) else figure.page
+    return f"{page}:{figure.name}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     stale = []
     for figure in FIGURES:
-        if args.check:
+        if not figure.results.exists():  # a new figure before its first measured run: say so, do the others
+            stale.append(f"{_where(figure)} ({figure.results.name} is missing; run `{figure.command}`)")
+        elif args.check:
             if current(figure) != expected(figure):
-                stale.append(f"{figure.page.name}:{figure.name} (from {figure.results.name}; rerun `{figure.command}`)")
+                stale.append(f"{_where(figure)} (from {figure.results.name}; rerun `{figure.command}`)")
         else:
             write(figure)
-            print(f"wrote {figure.page.name}: {figure.name} from {figure.results.relative_to(ROOT)}")
+            print(f"wrote {_where(figure)} from {figure.results.relative_to(ROOT)}")
     for line in stale:
         print(f"stale: {line}", file=sys.stderr)
     return 1 if stale else 0

@@ -22,14 +22,18 @@ spec.loader.exec_module(figures)
 KEYS = {"params", "implementation", "best_ms", "x_loop", "x_bound", "x_bound_range", "bound_ms", "add_gbs"}
 
 
-def test_tiny_run_writes_rows_the_renderer_renders(tmp_path: Path) -> None:
-    out = tmp_path / "bench_fp16.json"
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("fp16") / "bench_fp16.json"
     subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_fp16.py"), "--sizes", "tiny", "--rounds", "2", "--steps", "2",
          "--threads", "1", "--json", str(out)],
         check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
     )
-    data = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_tiny_run_writes_rows_the_renderer_renders(data: dict) -> None:
     assert data["command"].startswith("python benchmarks/bench_fp16.py --sizes tiny")
     assert data["rounds"] == 2 and data["threads"] == 1 and len(data["load_average"]) == 2
     assert [row["key"] for row in data["rows"]] == ["baseline", "fp16", "fp16_ops"]
@@ -47,3 +51,15 @@ def test_tiny_run_writes_rows_the_renderer_renders(tmp_path: Path) -> None:
     assert table.count("\n| 0.2M | ") == 1 + len(data["rows"]) + len(data["memory"])  # + the bound row
     assert "| 0.2M | FP16Optimizer(AdamW) | 8.00 (" in table
     assert data["command"] in table and "40 B/param" in table
+
+
+def test_the_readme_has_the_section_the_renderer_fills(data: dict, tmp_path: Path) -> None:
+    (figure,) = [f for f in figures.FIGURES if f.name == "bench-fp16"]
+    assert figure.render is figures.render_bench_fp16 and figure.results.name == "bench_fp16.json"
+    assert "--json docs/results/bench_fp16.json" in figure.command
+    page, results = tmp_path / "README.md", tmp_path / "bench_fp16.json"
+    page.write_text(figure.page.read_text())
+    results.write_text(json.dumps(data))
+    copy = figures.Figure(figure.name, page, results, figure.command, figure.render)
+    figures.write(copy)
+    assert figures.current(copy) == figures.expected(copy) and data["command"] in page.read_text()

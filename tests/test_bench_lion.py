@@ -33,8 +33,12 @@ def run_bench(tmp_path: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_tiny_run_writes_rows_the_renderer_renders(tmp_path: Path) -> None:
-    data = run_bench(tmp_path)
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return run_bench(tmp_path_factory.mktemp("lion"))
+
+
+def test_tiny_run_writes_rows_the_renderer_renders(data: dict) -> None:
     assert data["command"].startswith("python benchmarks/bench_lion.py --sizes tiny")
     assert data["rounds"] == 2 and data["threads"] == 1 and len(data["load_average"]) == 2
     names = {row["implementation"] for row in data["rows"]}
@@ -56,3 +60,15 @@ def test_without_peers_the_peer_column_is_empty(tmp_path: Path) -> None:
     assert all(not row["peer"] and row["x_best_peer"] is None for row in data["rows"])
     assert all(line.split("|")[6].strip() == "-" for line in figures.render_bench_lion(data).splitlines()
                if line.startswith("| 0.2M"))
+
+
+def test_the_readme_has_the_section_the_renderer_fills(data: dict, tmp_path: Path) -> None:
+    (figure,) = [f for f in figures.FIGURES if f.name == "bench-lion"]
+    assert figure.render is figures.render_bench_lion and figure.results.name == "bench_lion.json"
+    assert "--json docs/results/bench_lion.json" in figure.command
+    page, results = tmp_path / "README.md", tmp_path / "bench_lion.json"
+    page.write_text(figure.page.read_text())
+    results.write_text(json.dumps(data))
+    copy = figures.Figure(figure.name, page, results, figure.command, figure.render)
+    figures.write(copy)
+    assert figures.current(copy) == figures.expected(copy) and data["command"] in page.read_text()
