@@ -191,8 +191,10 @@ def render_bench_fp16(data: dict[str, Any]) -> str:
 
 def render_bench_adascale(data: dict[str, Any]) -> str:
     lines = [
-        "| size | step vs SGD | step, x bound (median; range) | hooks ms / backward (bound) "
-        "| hooks, x bound (median; range) | iteration vs SGD |",
+        (
+            "| size | step vs SGD | step, x bound (median; range) | hooks ms / backward (bound) "
+            "| hooks, x bound (median; range) | iteration vs SGD |"
+        ),
         "|---|---:|---:|---:|---:|---:|",
     ]
     for row in data["rows"]:
