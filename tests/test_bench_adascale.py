@@ -27,11 +27,13 @@ KEYS = {"params", "tensors", "step_ms", "sgd_step_ms", "step_ratio", "step_x_bou
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("adascale") / "bench_adascale.json"
-    subprocess.run(
+    proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_adascale.py"), "--sizes", "tiny", "--rounds", "2",
          "--reps", "2", "--threads", "1", "--json", str(out)],
-        check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=600,
     )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(out.read_text())
 
 
