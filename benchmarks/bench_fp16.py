@@ -3,9 +3,11 @@ memory the precision wrappers hold.
 
     python benchmarks/bench_fp16.py                 # ~10M and ~100M parameters
     python benchmarks/bench_fp16.py --sizes 10M     # the quick one
+    python benchmarks/bench_fp16.py --sizes 10M,100M --rounds 7 --json docs/results/bench_fp16.json
+                                                    # the README's tables (docs/figures.py renders them)
 
-Both sides step the same transformer-shaped fp16 parameters with the same fp16
-gradients, interleaved in rounds in one process; each gets its best round.
+All three step the same transformer-shaped fp16 parameters (each its own copy)
+with the same fp16 gradients, interleaved in rounds in one process.
 
 * baseline: by hand, the fp16 grads copied into one flat fp32 buffer, torch's
   fused AdamW on the flat fp32 master, the master copied back to the fp16 params
@@ -19,8 +21,17 @@ gradients, interleaved in rounds in one process; each gets its best round.
 
 The lower bound is the memory traffic of the baseline, 40 bytes per parameter
 (grad copy: read 2, write 4; AdamW: read p, g, m, v, write p, m, v = 28; copy
-back: read 4, write 2), divided by the copy bandwidth measured (``Tensor.copy_``
-of a large tensor, bytes read + written).
+back: read 4, write 2), at the stream bandwidth (:class:`common.StreamProbe`:
+one in-place ``a.add_(b)`` over 256 MB, 12 bytes per element) measured just
+before and just after each timed run, so each run is held against the
+bandwidth of its own moment. "vs bound" is the median over rounds of these
+paired ratios, their range beside it; step ms is each side's best round, and
+"vs hand-written loop" compares best rounds.
+
+``--sizes tiny`` (~0.2M parameters, d_model 64) exists for the tests only: it
+runs every code path in seconds, and its timings mean nothing (the tensors fit
+in cache). ``--json PATH`` also writes the rows (docs/figures.py renders the
+plugin README's tables from them).
 
 Memory: bytes each wrapper holds besides the model's parameters and gradients,
 split into the fp32 copy of the parameters (master and its gradient) and the
@@ -32,20 +43,20 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from common import copy_bandwidth, transformer_shaped  # benchmarks/common.py
+from common import StreamProbe, transformer_shaped  # benchmarks/common.py
 
 BYTES_PER_PARAM = 40
-
-
-
-
 
 
 class HandWrittenMasterLoop:
@@ -107,8 +118,10 @@ def without_kernel(timed: Timed) -> Timed:
     return prepare, torch_ops_step
 
 
-def best_times(fns: dict[str, Timed], rounds: int, steps: int) -> dict[str, float]:
-    """Best per-step time of each entry, the entries interleaved round by round."""
+def paired_times(fns: dict[str, Timed], rounds: int, steps: int, probe: StreamProbe) -> dict[str, list[tuple[float, float]]]:
+    """Per entry, one (seconds per step, add_ bandwidth at that moment) per round,
+    the entries interleaved round by round and the probe sampled just before and
+    just after each timed run (the bandwidth is the mean of the two)."""
 
     def run(prepare: Callable[[], None] | None, step: Callable[[], None]) -> float:
         total = 0.0
@@ -124,11 +137,13 @@ def best_times(fns: dict[str, Timed], rounds: int, steps: int) -> dict[str, floa
         if prepare is not None:
             prepare()
         step()
-    best = {name: float("inf") for name in fns}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, (prepare, step) in fns.items():
-            best[name] = min(best[name], run(prepare, step))
-    return best
+            before = probe()
+            seconds = run(prepare, step)
+            samples[name].append((seconds, (before + probe()) / 2))
+    return samples
 
 
 def held_bytes(opt: torch.optim.Optimizer, model_params: list[torch.Tensor]) -> tuple[int, int]:
@@ -179,7 +194,16 @@ def memory_rows(params: list[torch.Tensor]) -> list[tuple[str, int, int]]:
     return rows
 
 
-def bench(n_params: float, d_model: int, rounds: int, steps: int) -> None:
+#: (label in the table, key in ``bench``'s timings)
+IMPLEMENTATIONS = (
+    ("hand-written fp32 master loop (fused AdamW)", "baseline"),
+    ("FP16Optimizer(AdamW fused)", "fp16"),
+    ("FP16Optimizer(AdamW fused), C kernel off (torch ops)", "fp16_ops"),
+)
+
+
+def bench(n_params: float, d_model: int, rounds: int, steps: int) -> tuple[list[dict], list[dict]]:
+    """Time the three, print the tables, return (speed rows, memory rows) for ``--json``."""
     params = [(p * 0.02).half().requires_grad_() for p in transformer_shaped(n_params, d_model)]  # an fp16 model
     for p in params:
         p.grad = (torch.randn_like(p, dtype=torch.float32) * 10).half()
@@ -196,51 +220,77 @@ def bench(n_params: float, d_model: int, rounds: int, steps: int) -> None:
         p.grad = q.grad.clone()
     fp16_ops = build_fp16(ops_params)
     timed = {"baseline": (None, loop.step), "fp16": fp16_step(fp16), "fp16_ops": without_kernel(fp16_step(fp16_ops))}
-    times = best_times(timed, rounds, steps)
-    bandwidth = copy_bandwidth()
-    bound = BYTES_PER_PARAM * n / bandwidth
+    probe = StreamProbe()
+    samples = paired_times(timed, rounds, steps, probe)
     assert fp16.skipped_steps == 0, "the benchmark's gradients overflowed"
+    best = {key: min(t for t, _ in runs) for key, runs in samples.items()}
+    bound = BYTES_PER_PARAM * n / probe.median()
 
     print(
         f"\n### {n / 1e6:.1f}M parameters (d_model={d_model}, {len(params)} tensors, fp16), "
-        f"{torch.get_num_threads()} threads, copy bandwidth {bandwidth / 1e9:.1f} GB/s\n"
+        f"{torch.get_num_threads()} threads; add_ {probe.median() / 1e9:.1f} GB/s median "
+        f"({min(probe.samples) / 1e9:.0f}-{probe.best() / 1e9:.0f}), bound ({BYTES_PER_PARAM} B/param) "
+        f"{bound * 1e3:.1f} ms\n"
     )
-    print("| implementation | step (ms) | vs hand-written loop | vs bandwidth bound |")
-    print("|---|---:|---:|---:|")
-    print(f"| bandwidth bound ({BYTES_PER_PARAM} B/param) | {bound * 1e3:.1f} | | 1.00x |")
-    rows = (
-        ("hand-written fp32 master loop (fused AdamW)", "baseline"),
-        ("FP16Optimizer(AdamW fused)", "fp16"),
-        ("FP16Optimizer(AdamW fused), C kernel off (torch ops)", "fp16_ops"),
-    )
-    for name, key in rows:
-        t = times[key]
-        print(f"| {name} | {t * 1e3:.1f} | {t / times['baseline']:.3f}x | {t / bound:.2f}x |")
+    print("| implementation | step ms (best) | vs hand-written loop | vs bound (median of rounds) | vs bound (range) |")
+    print("|---|---:|---:|---:|---:|")
+    rows = []
+    for name, key in IMPLEMENTATIONS:
+        ratios = [t / (BYTES_PER_PARAM * n / add) for t, add in samples[key]]
+        x_loop = best[key] / best["baseline"]
+        print(f"| {name} | {best[key] * 1e3:.1f} | {x_loop:.3f}x | {statistics.median(ratios):.2f}x | "
+              f"{min(ratios):.2f}-{max(ratios):.2f} |")
+        rows.append({
+            "params": n, "d_model": d_model, "tensors": len(params), "implementation": name, "key": key,
+            "best_ms": best[key] * 1e3, "x_loop": x_loop, "x_bound": statistics.median(ratios),
+            "x_bound_range": [min(ratios), max(ratios)], "bound_ms": bound * 1e3, "add_gbs": probe.median() / 1e9,
+        })
 
     del fp16, fp16_ops, loop, ref_params, ops_params
     gc.collect()
     print("\n| wrapper | fp32 param copy + its grad (B/param) | optimizer state (B/param) |")
     print("|---|---:|---:|")
+    memory = []
     for name, copies, state in memory_rows(params):
         print(f"| {name} | {copies / n:.2f} ({copies / 2**20:.0f} MiB) | {state / n:.2f} ({state / 2**20:.0f} MiB) |")
+        memory.append({"params": n, "wrapper": name, "copies_bytes": copies, "state_bytes": state})
+    return rows, memory
 
 
-SIZES = {"10M": (10e6, 512), "100M": (100e6, 1024)}
+#: size -> (params, d_model); "tiny" is for the tests (see the module docstring)
+SIZES = {"tiny": (2e5, 64), "10M": (10e6, 512), "100M": (100e6, 1024)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="10M,100M", help="comma-separated: 10M, 100M")
+    parser.add_argument("--sizes", default="10M,100M", help="comma-separated: 10M, 100M (tiny: for the tests)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=0, help="steps per round (default: 20 at 10M, 4 at 100M)")
+    parser.add_argument("--steps", type=int, default=0, help="steps per round (default: 20 below 50M, 4 above)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    args = parser.parse_args()
+    parser.add_argument("--json", metavar="PATH", help="also write the rows (docs/figures.py renders the plugin README from them)")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.sizes.split(",") if s.strip() not in SIZES]
+    if unknown:
+        parser.error(f"--sizes: unknown {', '.join(unknown)}; choose from {', '.join(SIZES)}")
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", UserWarning)
     print(f"torch {torch.__version__}")
+    rows, memory, load = [], [], os.getloadavg()[0]
     for size in args.sizes.split(","):
         n_params, d_model = SIZES[size.strip()]
-        bench(n_params, d_model, args.rounds, args.steps or (20 if n_params < 50e6 else 4))
+        speed, held = bench(n_params, d_model, args.rounds, args.steps or (20 if n_params < 50e6 else 4))
+        rows += speed
+        memory += held
+    if args.json:
+        record = {
+            "command": " ".join(["python", "benchmarks/bench_fp16.py", *(sys.argv[1:] if argv is None else argv)]),
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "rounds": args.rounds,
+            "load_average": [round(load, 1), round(os.getloadavg()[0], 1)], "rows": rows, "memory": memory,
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

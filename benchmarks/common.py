@@ -1,9 +1,10 @@
 """What every benchmark here shares: the parameter sets and the bandwidth bound.
 
 Each benchmark measures its ratios side by side in one process; the bound it
-prints is the bytes its step must move divided by :func:`stream_bandwidth`,
-measured in the same rounds as the timed steps (:class:`StreamProbe` takes
-one sample per round).
+prints is the bytes its step must move over the in-place ``a.add_(b)``
+bandwidth, measured in the same rounds as the timed steps: a
+:class:`StreamProbe` sampled just before and just after each timed run, so
+each run is held against the bandwidth of its own moment.
 
 Why ``a.add_(b)`` and not ``dst.copy_(src)``: a copy also reads its destination
 before writing it (write-allocate), so counting 8 bytes per fp32 element for a
@@ -34,23 +35,6 @@ def transformer_shaped(n_params: float, d_model: int | None = None, device: str 
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def copy_bandwidth(device: str = "cpu", numel: int = 1 << 26, reps: int = 5) -> float:
-    """Best bytes per second of ``dst.copy_(src)``, counting the read and the write.
-
-    Superseded by :func:`stream_bandwidth` (see the module docstring); kept only
-    while other benchmarks still import it. Delete it when none do."""
-    src, dst = torch.randn(numel, device=device), torch.empty(numel, device=device)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(reps):
-        sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * 4 * numel / best
 
 
 class StreamProbe:

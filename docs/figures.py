@@ -123,6 +123,99 @@ def render_bench_adafactor(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _footer(data: dict[str, Any], extra: str = "") -> str:
+    """The line under a benchmark table: when, torch, threads, rounds, load and the command."""
+    return (
+        f"{data['when']}, torch {data['torch']}, {data['threads']} threads, {data['rounds']} rounds{extra}, load "
+        f"average {data['load_average'][0]}-{data['load_average'][1]}: `{data['command']}`"
+    )
+
+
+def _sizes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first row of each size, in order."""
+    first: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        first.setdefault(row["params"], row)
+    return list(first.values())
+
+
+def render_bench_lion(data: dict[str, Any]) -> str:
+    lines = [
+        "| size | implementation | ms/step (best) | x bound (median; range) | x C kernel | x best peer | first step ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        low, high = row["x_bound_range"]
+        peer = "-" if row["x_best_peer"] is None else f"{row['x_best_peer']:.2f}"
+        lines.append(
+            f"| {row['params'] / 1e6:.1f}M | {row['implementation']} | {row['best_ms']:.1f} "
+            f"| {row['x_bound']:.2f} ({low:.2f}-{high:.2f}) | {row['x_kernel']:.2f} | {peer} | {row['first_ms']:.0f} |"
+        )
+    bounds = "; ".join(
+        f"{r['params'] / 1e6:.1f}M: {r['bound_ms']:.1f} ms at {r['add_gbs']:.1f} GB/s" for r in _sizes(data["rows"])
+    )
+    lines += ["", f"Bound (20 B/param at the median `add_` rate): {bounds}. " + _footer(data, ", fp32")]
+    return "\n".join(lines)
+
+
+def render_bench_fp16(data: dict[str, Any]) -> str:
+    lines = [
+        "| size | implementation | step ms (best) | vs hand-written loop | vs bound (median; range) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for size in _sizes(data["rows"]):
+        lines.append(
+            f"| {size['params'] / 1e6:.1f}M | bandwidth bound (40 B/param at {size['add_gbs']:.1f} GB/s) "
+            f"| {size['bound_ms']:.1f} | | 1.00 |"
+        )
+        for row in (r for r in data["rows"] if r["params"] == size["params"]):
+            low, high = row["x_bound_range"]
+            lines.append(
+                f"| {row['params'] / 1e6:.1f}M | {row['implementation']} | {row['best_ms']:.1f} | {row['x_loop']:.3f} "
+                f"| {row['x_bound']:.2f} ({low:.2f}-{high:.2f}) |"
+            )
+    lines += [
+        "",
+        "| size | wrapper | fp32 param copy + its grad, B/param (MiB) | optimizer state, B/param (MiB) |",
+        "|---|---|---:|---:|",
+    ]
+    for row in data["memory"]:
+        n, copies, state = row["params"], row["copies_bytes"], row["state_bytes"]
+        lines.append(
+            f"| {n / 1e6:.1f}M | {row['wrapper']} | {copies / n:.2f} ({copies / 2**20:.0f}) "
+            f"| {state / n:.2f} ({state / 2**20:.0f}) |"
+        )
+    lines += ["", _footer(data, ", fp16 parameters")]
+    return "\n".join(lines)
+
+
+def render_bench_adascale(data: dict[str, Any]) -> str:
+    lines = [
+        (
+            "| size | step vs SGD | step, x bound (median; range) | hooks ms / backward (bound) "
+            "| hooks, x bound (median; range) | iteration vs SGD |"
+        ),
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        (s_low, s_high), (h_low, h_high) = row["step_x_bound_range"], row["hooks_x_bound_range"]
+        lines.append(
+            f"| {row['params'] / 1e6:.1f}M ({row['tensors']} tensors) "
+            f"| {row['step_ratio']:.2f}x ({row['step_ms']:.2f} vs {row['sgd_step_ms']:.2f} ms) "
+            f"| {row['step_x_bound']:.2f} ({s_low:.2f}-{s_high:.2f}) "
+            f"| {row['hooks_ms']:.2f} ({row['hooks_bound_ms']:.2f}) "
+            f"| {row['hooks_x_bound']:.2f} ({h_low:.2f}-{h_high:.2f}) "
+            f"| {row['iteration_ratio']:.2f}x ({row['iteration_ms']:.1f} vs {row['sgd_iteration_ms']:.1f} ms) |"
+        )
+    rates = "; ".join(f"{r['params'] / 1e6:.1f}M: {r['add_gbs']:.1f} GB/s" for r in data["rows"])
+    lines += [
+        "",
+        f"Bounds (20 B/param for the step, 4 B/param per backward for the hooks) at the median `add_` rate: {rates}. "
+        + _footer(data, f" of {data['reps']} reps, {data['clock']} clock, fp32"),
+    ]
+    return "\n".join(lines)
+
+
 def plot_compare(data: dict[str, Any]) -> None:
     from optcore.compare.report import plot_curves
 
@@ -168,6 +261,29 @@ FIGURES: list[Figure] = [
         "--json docs/results/bench_adafactor.json",
         render_bench_adafactor,
     ),
+    Figure(
+        "bench-lion",
+        ROOT / "plugins" / "optcore-lion" / "README.md",
+        RESULTS / "bench_lion.json",
+        "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 python benchmarks/bench_lion.py --sizes 10M,100M --rounds 5 "
+        "--json docs/results/bench_lion.json",
+        render_bench_lion,
+    ),
+    Figure(
+        "bench-fp16",
+        ROOT / "plugins" / "optcore-fp16" / "README.md",
+        RESULTS / "bench_fp16.json",
+        "python benchmarks/bench_fp16.py --sizes 10M,100M --rounds 7 --json docs/results/bench_fp16.json",
+        render_bench_fp16,
+    ),
+    Figure(
+        "bench-adascale",
+        ROOT / "plugins" / "optcore-adascale" / "README.md",
+        RESULTS / "bench_adascale.json",
+        "python benchmarks/bench_adascale.py --sizes 10M 100M --threads 1 --rounds 5 --reps 3 "
+        "--json docs/results/bench_adascale.json",
+        render_bench_adascale,
+    ),
 ]
 
 
@@ -202,18 +318,25 @@ def write(figure: Figure) -> None:
         figure.plot(json.loads(figure.results.read_text()))
 
 
+def _where(figure: Figure) -> str:
+    page = figure.page.relative_to(ROOT) if figure.page.is_relative_to(ROOT) else figure.page
+    return f"{page}:{figure.name}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     stale = []
     for figure in FIGURES:
-        if args.check:
+        if not figure.results.exists():  # a new figure before its first measured run: say so, do the others
+            stale.append(f"{_where(figure)} ({figure.results.name} is missing; run `{figure.command}`)")
+        elif args.check:
             if current(figure) != expected(figure):
-                stale.append(f"{figure.page.name}:{figure.name} (from {figure.results.name}; rerun `{figure.command}`)")
+                stale.append(f"{_where(figure)} (from {figure.results.name}; rerun `{figure.command}`)")
         else:
             write(figure)
-            print(f"wrote {figure.page.name}: {figure.name} from {figure.results.relative_to(ROOT)}")
+            print(f"wrote {_where(figure)} from {figure.results.relative_to(ROOT)}")
     for line in stale:
         print(f"stale: {line}", file=sys.stderr)
     return 1 if stale else 0
