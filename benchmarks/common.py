@@ -83,12 +83,3 @@ class StreamProbe:
 
     def best(self) -> float:
         return max(self.samples)
-
-
-def stream_bandwidth(device: str = "cpu", numel: int = 1 << 26, reps: int = 5) -> float:
-    """Best bytes per second of the in-place ``a.add_(b)`` over fp32 tensors of
-    ``numel`` elements, counting 12 bytes per element (read a, read b, write a)."""
-    probe = StreamProbe(device, numel)
-    for _ in range(reps):
-        probe()
-    return probe.best()
