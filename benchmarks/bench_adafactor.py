@@ -48,17 +48,14 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from common import StreamProbe, sync, transformer_shaped  # benchmarks/common.py
+from common import StreamProbe, sync, transformer_shaped, write_results  # benchmarks/common.py
 
 Factory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
@@ -215,15 +212,7 @@ def main() -> None:
         for mode in args.modes.split(","):
             rows += bench(n_params, d_model, args.rounds, steps, args.beta1, args.device, mode.strip())
     if args.json:
-        record = {
-            "command": " ".join(["python", "benchmarks/bench_adafactor.py", *sys.argv[1:]]),
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "rounds": args.rounds,
-            "load_average": [round(load, 1), round(os.getloadavg()[0], 1)], "rows": rows,
-        }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_results(args.json, "bench_adafactor.py", None, load, rounds=args.rounds, rows=rows)
 
 
 if __name__ == "__main__":

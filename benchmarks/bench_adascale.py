@@ -43,19 +43,16 @@ one thread the two agree, on a busy one the ratios mix two clocks.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from optcore_adascale import AdaScaleSGD
 
-from common import StreamProbe, transformer_shaped  # benchmarks/common.py
+from common import StreamProbe, transformer_shaped, write_results  # benchmarks/common.py
 
 ACCUM = 2
 SGD = "torch.optim.SGD(momentum=0.9, foreach=True)"
@@ -184,15 +181,8 @@ def main(argv: list[str] | None = None) -> None:
               f"iteration {result['iteration_ratio']:.2f}x SGD (target <= 1.5x), "
               f"hooks {result['hooks_ms']:.2f} ms per backward")
     if args.json:
-        record = {
-            "command": " ".join(["python", "benchmarks/bench_adascale.py", *(sys.argv[1:] if argv is None else argv)]),
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "rounds": args.rounds, "reps": args.reps, "clock": args.clock,
-            "load_average": [round(load, 1), round(os.getloadavg()[0], 1)], "rows": rows,
-        }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_results(args.json, "bench_adascale.py", argv, load, rounds=args.rounds, reps=args.reps,
+                      clock=args.clock, rows=rows)
 
 
 if __name__ == "__main__":

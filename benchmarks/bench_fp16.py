@@ -43,18 +43,15 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from common import StreamProbe, transformer_shaped  # benchmarks/common.py
+from common import StreamProbe, transformer_shaped, write_results  # benchmarks/common.py
 
 BYTES_PER_PARAM = 40
 
@@ -282,15 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         rows += speed
         memory += held
     if args.json:
-        record = {
-            "command": " ".join(["python", "benchmarks/bench_fp16.py", *(sys.argv[1:] if argv is None else argv)]),
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "rounds": args.rounds,
-            "load_average": [round(load, 1), round(os.getloadavg()[0], 1)], "rows": rows, "memory": memory,
-        }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_results(args.json, "bench_fp16.py", argv, load, rounds=args.rounds, memory=memory, rows=rows)
 
 
 if __name__ == "__main__":

@@ -33,17 +33,14 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from common import StreamProbe, transformer_shaped  # benchmarks/common.py
+from common import StreamProbe, transformer_shaped, write_results  # benchmarks/common.py
 
 BYTES_PER_PARAM = 20  # Lion, fp32: read p, g, m; write p, m
 KERNEL = "optcore_lion.Lion (default: one-pass C kernel)"
@@ -164,16 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         n_params, d_model, steps = CONFIGS[size.strip()]
         rows += bench(n_params, d_model, args.rounds, steps, peers=not args.no_peers, compiled=not args.no_compiled)
     if args.json:
-        cold = "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 " if os.environ.get("TORCHINDUCTOR_FORCE_DISABLE_CACHES") == "1" else ""
-        record = {
-            "command": cold + " ".join(["python", "benchmarks/bench_lion.py", *(sys.argv[1:] if argv is None else argv)]),
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "rounds": args.rounds,
-            "load_average": [round(load, 1), round(os.getloadavg()[0], 1)], "rows": rows,
-        }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_results(args.json, "bench_lion.py", argv, load, rounds=args.rounds, rows=rows)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,14 @@ of them counted, the same access pattern as an optimizer's update.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,3 +89,20 @@ class StreamProbe:
 
     def best(self) -> float:
         return max(self.samples)
+
+
+def write_results(path: str, script: str, argv: Sequence[str] | None, load_before: float, **fields: Any) -> None:
+    """Write a benchmark's results file for docs/figures.py: the command that
+    made it (as the README quotes it), when, torch, threads, the load average
+    before and after the run, and ``fields`` (``rounds``, ``rows``, ...)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    cold = "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 " if os.environ.get("TORCHINDUCTOR_FORCE_DISABLE_CACHES") == "1" else ""
+    record = {
+        "command": cold + " ".join(["python", f"benchmarks/{script}", *args]),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), **{k: v for k, v in fields.items() if k != "rows"},
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)], "rows": fields.get("rows", []),
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
