@@ -277,6 +277,23 @@ def check_deepcopy(config: dict[str, Any], inputs: ConformanceInputs, dtype: tor
     assert_same(params(m), params(model2), inputs.atol_for(dtype), "the copy does not continue like the original")
 
 
+def check_pickle(config: dict[str, Any], inputs: ConformanceInputs, dtype: torch.dtype = F32) -> None:
+    """Saved whole after steps (``torch.save((model, optimizer))``: pickling,
+    with torch keeping views of one storage together, which plain ``pickle``
+    does not), it loads and continues like the original (docs/contract.md:
+    copying and pickling keep the class)."""
+    m = model(inputs, dtype=dtype)
+    opt = build(config, m)
+    train(opt, m, 2, inputs)
+    buffer = io.BytesIO()
+    torch.save((m, opt), buffer)
+    buffer.seek(0)
+    model2, opt2 = torch.load(buffer, weights_only=False)
+    train(opt, m, 2, inputs)
+    train(opt2, model2, 2, inputs)
+    assert_same(params(m), params(model2), inputs.atol_for(dtype), "the unpickled copy does not continue like the original")
+
+
 def check_converges(config: dict[str, Any], inputs: ConformanceInputs, dtype: torch.dtype = F32) -> None:
     """On a small regression problem the loss falls, at the configured learning
     rate or, where the inputs set none, at one of 1e-3, 1e-2, 1e-1 (defaults
@@ -315,5 +332,6 @@ CHECKS: dict[str, Check] = {
     "none_grads": check_none_grads,
     "lr_scheduler": check_lr_scheduler,
     "deepcopy": check_deepcopy,
+    "pickle": check_pickle,
     "converges": check_converges,
 }

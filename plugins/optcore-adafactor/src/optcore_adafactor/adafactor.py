@@ -154,6 +154,19 @@ class Adafactor(Optimizer):
         self._known: dict[Tensor, tuple] = {}
         super().__init__(params, defaults)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the caches: the record of what the C loops took last step
+        (weak references and raw pointers, which mean nothing in another
+        process), compiled updates and scratch buffers; each is rebuilt on use."""
+        state = super().__getstate__()
+        for cache in ("_known", "_compiled", "_workspace"):
+            state.pop(cache, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._known, self._compiled, self._workspace = {}, CompiledUpdates(), Workspace()
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group, validating its own hyper-parameters like the defaults."""
         fields = {k: param_group.get(k, self.defaults[k]) for k in self.config_schema.model_fields}

@@ -45,6 +45,17 @@ class _Masters:
     grad_views: list[Tensor] = field(default_factory=list)  # per model parameter: its fp32 grad (flat only)
     spans: list[tuple[int, int, int]] = field(default_factory=list)  # per model parameter: (buffer, start, end)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """With the masters' gradients, which a pickled tensor leaves out (a
+        flat buffer's grad is what ``grad_views`` are views of)."""
+        return {**self.__dict__, "_grads": [t.grad for t in self.tensors]}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        grads = state.pop("_grads", None) or []
+        self.__dict__.update(state)
+        for t, g in zip(self.tensors, grads):
+            t.grad = g
+
 
 def _flat_masters(params: list[Tensor]) -> _Masters:
     """One contiguous fp32 buffer (and grad buffer) per device. Master tensors
