@@ -397,3 +397,30 @@ def test_zero_grad_and_average_params() -> None:
     before = [p.detach().clone() for p in model.parameters()]
     opt.average_params()  # no torch.distributed: nothing changes
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+EDITS = {
+    # a pretrained checkpoint loaded after the optimizer was built (the worst case: it was lost silently)
+    "load_state_dict": lambda model, new: model.load_state_dict(new.state_dict()),
+    "in place under no_grad": lambda model, new: [p.copy_(q) for p, q in zip(model.parameters(), new.parameters())],
+    "p.data replaced": lambda model, new: [setattr(p, "data", q.detach().clone()) for p, q in zip(model.parameters(), new.parameters())],
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "per-tensor"])
+def test_weights_changed_after_the_build_are_stepped_from_not_overwritten(edit: str, flat: bool) -> None:
+    """The next step starts from the model's new weights instead of writing
+    the old fp32 copy back over them."""
+    model = mlp(torch.float16)
+    opt = FP16Optimizer(adamw(model), flat=flat)
+    train(model, opt, steps=3)
+    pretrained = mlp(torch.float16, seed=7)
+    with torch.no_grad():
+        EDITS[edit](model, pretrained)
+    assert same(list(model.parameters()), list(pretrained.parameters()))
+    train(model, opt, steps=1)
+    moved = max(float((p.float() - q.float()).abs().max()) for p, q in zip(model.parameters(), pretrained.parameters()))
+    assert moved < 0.05, f"the step did not start from the new weights (moved {moved:.3g} from them)"
+    stale = max(float((p.float() - q.float()).abs().max()) for p, q in zip(model.parameters(), mlp(torch.float16).parameters()))
+    assert stale > 0.1  # and it is not back near the weights of before the edit

@@ -14,6 +14,15 @@ the parameters, so small updates are not lost to rounding. Per step:
 The master copy is flat — one contiguous buffer per param group and device —
 when the inner optimizer ``supports_flat_params`` (pointwise updates), so the
 copies and the update are a few large kernels; per-tensor otherwise.
+
+The fp32 copy is what steps, but the model's weights stay the user's: a weight
+changed since the wrapper last wrote it (``model.load_state_dict(...)`` after
+the build, an in-place edit under ``torch.no_grad()``, ``p.data = ...``) is
+taken into the fp32 copy before the next step, instead of being overwritten
+by it. The change is seen through the parameter's version counter and memory
+address; an in-place edit through ``p.data`` bumps no counter, so it stays
+invisible (make it under ``torch.no_grad()`` instead), and so does any edit
+while ``opt.step`` runs compiled (traced code reads neither).
 """
 
 from __future__ import annotations
@@ -44,6 +53,32 @@ class _Masters:
     views: list[Tensor] = field(default_factory=list)  # per model parameter: its fp32 value
     grad_views: list[Tensor] = field(default_factory=list)  # per model parameter: its fp32 grad (flat only)
     spans: list[tuple[int, int, int]] = field(default_factory=list)  # per model parameter: (buffer, start, end)
+    #: per model parameter: (version counter, address) when the wrapper last wrote it or took it in;
+    #: None after a step traced by torch.compile, which can read neither
+    seen: list[tuple[int, int]] | None = field(default_factory=list)
+
+    def mark(self) -> None:
+        """The model's parameters and the fp32 copy agree now."""
+        self.seen = None if torch.compiler.is_compiling() else [(p._version, p.data_ptr()) for p in self.params]
+
+    @torch.no_grad()
+    def take_edits(self) -> None:
+        """Weights changed since :meth:`mark` become the fp32 copy's value
+        (not seen under torch.compile, nor right after a compiled step)."""
+        if self.seen is None or torch.compiler.is_compiling():
+            self.mark()
+            return
+        now = [(p._version, p.data_ptr()) for p in self.params]
+        changed = [(p, v) for p, v, seen, current in zip(self.params, self.views, self.seen, now) if current != seen]
+        for p, v in changed:
+            if p.shape != v.shape:
+                raise ConfigError(
+                    f"A parameter of shape {tuple(v.shape)} was replaced by one of shape {tuple(p.shape)} after "
+                    "FP16Optimizer was built; build the optimizer again for the new model."
+                )
+        if changed:
+            torch._foreach_copy_([v for _, v in changed], [p.detach() for p, _ in changed])
+        self.mark()
 
     def __getstate__(self) -> dict[str, Any]:
         """With the masters' gradients, which a pickled tensor leaves out (a
@@ -55,6 +90,7 @@ class _Masters:
         self.__dict__.update(state)
         for t, g in zip(self.tensors, grads):
             t.grad = g
+        self.mark()  # new tensors, new addresses: the copy and the model agree as saved
 
 
 def _flat_masters(params: list[Tensor]) -> _Masters:
@@ -154,6 +190,7 @@ class FP16Optimizer(PrecisionWrapper):
         trainable = [p for p in model_params if p.requires_grad]
         masters = (_flat_masters if self.flat else _per_tensor_masters)(trainable) if trainable else _Masters([])
         inner_group["params"] = masters.tensors
+        masters.mark()
         self._masters.append(masters)
         self.param_groups.append(ParamGroupView(inner_group, model_params))
 
@@ -174,6 +211,8 @@ class FP16Optimizer(PrecisionWrapper):
     # ------------------------------------------------------------------- step
     def _step_inner(self, indices: list[int] | None, scale: float, check: bool) -> bool:
         selected = self._masters if indices is None else [self._masters[i] for i in indices]
+        for m in selected:
+            m.take_edits()
         found = self._kernel_copy(selected, 1.0 / scale) if self.precision == "fp16" else None
         if found is None:
             found, scale = self._torch_copy(selected, scale, check)
@@ -196,6 +235,8 @@ class FP16Optimizer(PrecisionWrapper):
             stepped = [(p, v) for p, v in zip(m.params, m.views) if p.grad is not None]
             if stepped:
                 torch._foreach_copy_([p for p, _ in stepped], [v for _, v in stepped])
+        for m in selected:
+            m.mark()
         return True
 
     def _kernel_copy(self, selected: list[_Masters], unscale: float) -> bool | None:
@@ -287,11 +328,14 @@ class FP16Optimizer(PrecisionWrapper):
     def average_params(self, group: Any = None) -> None:
         """Average the fp32 master copy (and the inner state) over ranks, then
         refresh the model's parameters from it."""
+        for m in self._masters:
+            m.take_edits()
         if hasattr(self.optimizer, "average_params"):
             self.optimizer.average_params(group)
         for m in self._masters:
             if m.params:
                 torch._foreach_copy_(m.params, m.views)
+            m.mark()
 
     # ------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
@@ -375,3 +419,4 @@ class FP16Optimizer(PrecisionWrapper):
                 torch._foreach_copy_(m.params, m.views)
             else:
                 torch._foreach_copy_(m.views, [p.detach() for p in m.params])
+            m.mark()
