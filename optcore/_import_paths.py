@@ -104,7 +104,11 @@ class ImportPaths:
                 problems=[("type", f"not a {self.kind} class")],
                 target=text,
             )
-        return self._spec_for_object(obj, qualified=f"{module}:{attr}", source="package")
+        # torch's own class by its path is the torch name: the same schema and defaults (fused where it can)
+        same = (b for b in self._builtins if b.source == "torch" and normalize(b.name) == normalize(attr))
+        return next((b for b in same if b.target is obj), None) or self._spec_for_object(
+            obj, qualified=f"{module}:{attr}", source="package"
+        )
 
     def _declared(self, module: str, attr: str) -> OptimizerSpec | None:
         """The registered or entry-point spec whose object is ``module:attr`` (imports nothing)."""

@@ -216,3 +216,20 @@ def test_module_import_failures_are_config_errors_naming_the_module(tmp_path, mo
 def test_a_plain_name_still_resolves_after_the_checks():
     assert optcore.resolve("torch.optim.SGD").target is torch.optim.SGD
     assert optcore.resolve("torch.optim:SGD").target is torch.optim.SGD
+
+
+@pytest.mark.parametrize("path", ["torch.optim.AdamW", "torch.optim:AdamW", "torch.optim.adamw.AdamW"])
+def test_a_path_to_torchs_own_class_is_the_torch_name(path, model):
+    """Same class, same record: its schema and optcore's default (fused where
+    the device allows), not a slower build for spelling it as a path."""
+    by_name = optcore.build_optimizer({"type": "AdamW", "lr": 1e-3}, model)
+    by_path = optcore.build_optimizer({"type": path, "lr": 1e-3}, model)
+    assert optcore.plan({"type": path, "lr": 1e-3}).spec.qualified == "torch:AdamW"
+    assert by_path.param_groups[0]["fused"] == by_name.param_groups[0]["fused"] is True
+
+
+def test_a_path_to_a_subclass_of_a_torch_class_stays_its_own(tmp_path, monkeypatch, model):
+    (tmp_path / "my_adamw_mod.py").write_text("import torch\nclass AdamW(torch.optim.AdamW):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = optcore.plan({"type": "my_adamw_mod:AdamW", "lr": 1e-3}).spec
+    assert spec.source == "package" and spec.qualified == "my_adamw_mod:AdamW"
