@@ -71,7 +71,17 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
     no_decay = cfg.pop("no_decay", True)
     merge_kwargs(cfg, "optim_args")
     _reject_plugin_keys(spec, cfg)
-    hparams = validate_hparams(spec.schema, cfg, spec.name)
+    try:
+        hparams = validate_hparams(spec.schema, cfg, spec.name)
+    except ConfigError as exc:
+        if not spec.shadowed:
+            raise
+        others = ", ".join(repr(s.qualified) for s in spec.shadowed)
+        raise ConfigError(  # the fields may be another provider's: torch's Adafactor has no beta1, HF's does
+            f"{exc.message}\n{spec.name!r} resolved to {spec.qualified} ({spec.source}), first in the resolution "
+            f"order; also installed: {others}. If you meant one of those, give it as the type.",
+            exc.problems, exc.accepted, exc.target,
+        ) from None
     validate_group_specs(group_specs)
     for i, group in enumerate(group_specs):
         _validate_overrides(spec, hparams, group, f"{spec.name} param_groups[{i}]")

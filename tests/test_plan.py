@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,15 @@ def test_differentiable_steps_non_leaf_params_as_torch_does():
     torch.testing.assert_close(grads[0], grads[1])
     with pytest.raises(optcore.ConfigError, match="not a leaf"):
         optcore.build_optimizer({"type": "SGD"}, [torch.ones(3, requires_grad=True) * 2.0])
+
+
+def test_a_bad_field_for_a_shadowed_name_names_the_other_providers():
+    """Plain 'Adafactor' is torch's (torch.optim comes first); a Hugging Face
+    field on it is an error that says which Adafactor it was and which else is installed."""
+    pytest.importorskip("optcore_adafactor")
+    with pytest.raises(optcore.ConfigError) as caught, warnings.catch_warnings():
+        warnings.simplefilter("ignore", optcore._registry.ShadowedNameWarning)  # said once per process
+        optcore.plan({"type": "Adafactor", "beta1": 0.9})
+    message = str(caught.value)
+    assert "unknown field" in message and "'Adafactor' resolved to torch:Adafactor (torch)" in message
+    assert "'optcore-adafactor:Adafactor'" in message and caught.value.problems[0][0] == "beta1"
