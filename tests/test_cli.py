@@ -68,3 +68,21 @@ def test_check_accepts_compare_and_run_files(tmp_path, capsys):
     bad.write_text("- {name: a, optimizer: {type: AdamW, lr: -1}}\n- {type: Lion, lr: 3e-4}\n")
     assert main(["check", str(bad)]) == 1
     assert "lr" in capsys.readouterr().err
+
+
+def test_show_says_types_and_constraints_as_a_reader_writes_them(capsys):
+    """Not pydantic's internals (``WrapValidator(func=<function ... at 0x...>)``,
+    ``strict=True``) nor a bare ``Optional``: the bounds, "finite", and what a
+    Literal or an Optional allows."""
+    assert main(["show", "torch:Adafactor", "--json"]) == 0
+    fields = {f["field"]: f for f in json.loads(capsys.readouterr().out)["fields"]}
+    assert fields["lr"]["constraints"] == ">= 0.0, finite" and fields["d"]["constraints"] == "> 0.0"
+    assert fields["foreach"]["type"] == "bool | None" and fields["maximize"]["constraints"] == ""
+    assert main(["show", "torch:Adafactor"]) == 0
+    table = capsys.readouterr().out
+    assert "0x" not in table and "Validator" not in table and "strict" not in table
+    pytest.importorskip("optcore_adafactor")
+    assert main(["show", "optcore-adafactor:Adafactor", "--json"]) == 0
+    fields = {f["field"]: f for f in json.loads(capsys.readouterr().out)["fields"]}
+    assert fields["implementation"]["type"] == "Literal['auto', 'c', 'torch', 'compiled']"
+    assert fields["beta1"]["type"] == "float | None"

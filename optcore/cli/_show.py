@@ -7,6 +7,8 @@ import argparse
 import inspect
 import json
 import sys
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,7 +70,7 @@ def _schema_rows(schema: Any) -> list[dict[str, Any]]:
     rows = []
     ordered = sorted(schema.model_fields.items(), key=lambda item: item[0] in _SWITCHES)
     for name, info in ordered:
-        constraints = [str(m) for m in info.metadata if type(m).__name__ not in ("BeforeValidator", "AfterValidator")]
+        constraints = [c for c in map(_constraint, info.metadata) if c]
         rows.append(
             {
                 "field": name,
@@ -81,7 +83,32 @@ def _schema_rows(schema: Any) -> list[dict[str, Any]]:
     return rows
 
 
+#: annotated_types' bounds, as a reader writes them
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "multiple_of": "multiple of", "min_length": "length >=",
+           "max_length": "length <="}
+
+
+def _constraint(meta: Any) -> str:
+    """A field's metadata as a reader's constraint (``>= 0.0``, ``finite``);
+    validators and pydantic's strictness switches say nothing to a user."""
+    bounds = [f"{op} {getattr(meta, attr)}" for attr, op in _BOUNDS.items() if getattr(meta, attr, None) is not None]
+    if getattr(meta, "allow_inf_nan", None) is False:
+        bounds.append("finite")
+    return ", ".join(bounds)
+
+
 def _type_name(annotation: Any) -> str:
+    """``float | None``, ``Literal['auto', 'c']``: a bare ``__name__`` would say
+    ``Optional`` or ``Literal`` and hide what is allowed."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(map(repr, args))}]"
+    if args and origin is not None:
+        return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in args)}]"
     text = getattr(annotation, "__name__", None) or str(annotation)
     return text.replace("typing.", "").replace("NoneType", "None")
 
