@@ -251,7 +251,8 @@ def build_scheduler(
         raise ConfigError(
             f"{type(optimizer).__name__} has no learning rate (lr=None, e.g. Adafactor in relative-step mode "
             f"computes its own), so there is nothing for {spec.name!r} to schedule. Use {{'type': 'pass_through'}}, "
-            "or give the optimizer an lr.",
+            "or give the optimizer an lr to schedule (for Adafactor: relative_step=False, scale_parameter=False "
+            "and an lr).",
             problems=[("type", "optimizer has no lr")],
             target=spec.name,
         )
