@@ -7,13 +7,12 @@ it; a state dict made by optcore also says which optimizer saved it.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
 
-from ._errors import ConfigError
+from ._errors import ConfigError, warn_user
 
 #: bitsandbytes' 8-bit moments: quantised floats, not integers.
 _QUANTISED = ("uint8", "int8")
@@ -33,13 +32,10 @@ def check_identity(optimizer: Any, record: Mapping[str, Any]) -> None:
             problems=[("optcore", f"saved by {saved}, loading into {spec.qualified}")],
         )
     if record.get("version") != (None if spec.version is None else str(spec.version)):
-        warnings.warn(
+        warn_user(
             f"This state_dict was saved by {saved} version {record.get('version')}, and this is version "
             f"{spec.version}; it loads because its layout fits the parameters. Check the provider's changelog "
-            "if the resumed run behaves differently.",
-            UserWarning,
-            stacklevel=3,
-        )
+            "if the resumed run behaves differently.", UserWarning)
 
 
 def check_shapes(optimizer: Any, state_dict: Mapping[str, Any], saved_shapes: Any) -> None:

@@ -5,6 +5,8 @@ standard type callers already catch (``KeyError`` for an unknown name,
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -118,3 +120,14 @@ def rejected_config(spec: Any, *, config: Any = None) -> Iterator[None]:
             problems=[("<constructor>", f"{type(exc).__name__}: {detail}")],
             target=getattr(spec, "name", None),
         ) from exc
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointed at the first frame outside optcore and its
+    plugins: the user's line, whichever of the roads (``resolve``, ``plan``,
+    ``build_optimizer``, a wrapper, the CLI) led here. A fixed ``stacklevel``
+    is right for one road only."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("optcore"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level + 1)

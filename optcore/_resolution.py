@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._errors import ConfigError, OptimizerNotFoundError
+from ._errors import ConfigError, OptimizerNotFoundError, warn_user
 from ._import_paths import ImportPaths, import_paths_allowed
 from ._values import short_repr
 from ._names import MAX_NAME_LENGTH, close_matches, normalize
@@ -149,13 +149,10 @@ class Registry(ImportPaths):
         if overlooked and winner.source in ("torch", "package", "plugin") and normalize(winner.name) not in self._warned:
             self._warned.add(normalize(winner.name))
             others = ", ".join(f"{s.provider} ({s.source}; select it with type={s.qualified!r})" for s in overlooked)
-            warnings.warn(
+            warn_user(
                 f"{self.kind.capitalize()} name {winner.name!r} resolved to {winner.qualified} ({winner.source}), "
                 f"which comes first in the resolution order; also installed: {others}. "
-                f"Use type={winner.qualified!r} to keep this choice and silence this warning.",
-                ShadowedNameWarning,
-                stacklevel=4,
-            )
+                f"Use type={winner.qualified!r} to keep this choice and silence this warning.", ShadowedNameWarning)
         return spec
 
     def _resolve_qualified(self, text: str, index: dict[str, list[OptimizerSpec]], allowed: bool) -> OptimizerSpec:
@@ -263,12 +260,9 @@ class Registry(ImportPaths):
             self._warned.discard(key)
         first = next((s for s in self._builtins if normalize(s.name) == key), None)
         if first is not None:
-            warnings.warn(
+            warn_user(
                 f"register_{self.kind}({name!r}): {first.qualified} ({first.source}) already has this name and "
-                f"resolves first; select yours with type='user:{name}'.",
-                ShadowedNameWarning,
-                stacklevel=3,
-            )
+                f"resolves first; select yours with type='user:{name}'.", ShadowedNameWarning)
 
     def unregister(self, name: str) -> None:
         with self._lock:

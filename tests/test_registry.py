@@ -222,3 +222,26 @@ def test_shadow_warning_names_both_once(fake_plugins):
         optcore.resolve("Adafactor")
     shadow = [w for w in caught if issubclass(w.category, ShadowedNameWarning)]
     assert len(shadow) == 1 and "torch:Adafactor" in str(shadow[0].message)
+
+
+@pytest.mark.parametrize("road", ["resolve", "plan", "build_optimizer", "check_config"])
+def test_the_shadowing_warning_points_at_the_users_line(road):
+    """Whichever road a name takes, the warning names the caller's file, not
+    optcore's (a fixed stacklevel is right for one road only)."""
+    import optcore._registry as registry
+    from optcore.cli import check_config
+
+    calls = {
+        "resolve": lambda: optcore.resolve("Lion"),
+        "plan": lambda: optcore.plan({"type": "Lion"}),
+        "build_optimizer": lambda: optcore.build_optimizer({"type": "Lion"}, torch.nn.Linear(2, 2)),
+        "check_config": lambda: check_config({"type": "Lion"}),
+    }
+    if not optcore.resolve("Lion").shadowed:
+        pytest.skip("only one provider of 'Lion' is installed here")
+    registry.OPTIMIZERS._warned.clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        calls[road]()
+    shadowing = [w for w in seen if issubclass(w.category, registry.ShadowedNameWarning)]
+    assert shadowing and {w.filename for w in shadowing} == {__file__}, [(w.filename, w.lineno) for w in shadowing]

@@ -246,7 +246,8 @@ _NOT_BY_CONFIG = (
 #: Every ``transformers.training_args.OptimizerNames`` value (transformers 5.x)
 #: and the optcore optimizer config that builds the same optimizer.
 OPTIM_TABLE: Mapping[str, HFOptim] = {
-    "adamw_torch": HFOptim("torch.optim:AdamW", adam=True),
+    # the Trainer's torch classes with torch's own default path (fused=None), not optcore's fused default
+    "adamw_torch": HFOptim("torch.optim:AdamW", {"fused": None}, adam=True),
     "adamw_torch_fused": HFOptim("torch.optim:AdamW", {"fused": True}, adam=True),
     "adamw_torch_xla": HFOptim("torch_xla.amp.syncfree:AdamW", adam=True),
     "adamw_torch_npu_fused": HFOptim("torch_npu.optim:NpuFusedAdamW", adam=True),
@@ -281,9 +282,10 @@ OPTIM_TABLE: Mapping[str, HFOptim] = {
     ),
     "sgd": HFOptim(
         "torch.optim:SGD",
+        {"fused": None},
         optim_args={"momentum": float, "dampening": float, "weight_decay": float, "nesterov": _bool},
     ),
-    "adagrad": HFOptim("torch.optim:Adagrad", optim_args={"lr_decay": float, "weight_decay": float, "eps": float}),
+    "adagrad": HFOptim("torch.optim:Adagrad", {"fused": None}, optim_args={"lr_decay": float, "weight_decay": float, "eps": float}),
     "rmsprop": HFOptim(
         "torch.optim:RMSprop",
         optim_args={"momentum": float, "alpha": float, "eps": float, "weight_decay": float, "centered": _bool},

@@ -21,7 +21,6 @@ schedule: warm-up is ``warmup_steps`` (``num_warmup_steps`` and fairseq's
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 
 from .._config import merge_kwargs, typed_config
-from .._errors import ConfigError, SchedulerNotFoundError, rejected_config
+from .._errors import ConfigError, SchedulerNotFoundError, rejected_config, warn_user
 from .._plugins import SCHEDULERS_GROUP
 from .._resolution import Registry
 from .._literals import parse_literal
@@ -363,12 +362,9 @@ def _normalise_keys(
         if cfg.get(total) is None and not any(k in cfg for k in replaced_by):
             cfg[total] = call_total
         elif cfg.get(total) is not None and cfg[total] != call_total:
-            warnings.warn(
+            warn_user(
                 f"{spec.name}: the config's {total}={short_repr(cfg[total])} wins over "
-                f"build_scheduler(num_training_steps={call_total}).",
-                UserWarning,
-                stacklevel=3,
-            )
+                f"build_scheduler(num_training_steps={call_total}).", UserWarning)
     reported = {f for f, _ in problems}
     if spec.needs_total and cfg.get(total) is None and not reported & {total, "num_training_steps"}:
         cfg.pop(total, None)  # type: ignore[arg-type]
@@ -396,29 +392,20 @@ def _warn_about_combination(spec: SchedulerSpec, kwargs: dict[str, Any], optimiz
     w = kwargs.get(warm) if warm else None
     n = kwargs.get(total) if total else None
     if isinstance(w, int) and isinstance(n, int) and w > n:
-        warnings.warn(
+        warn_user(
             f"{spec.name}: {warm}={w} is longer than the run ({total}={n}); the learning rate never reaches its "
-            "peak. Shorten the warm-up or check num_training_steps.",
-            UserWarning,
-            stacklevel=3,
-        )
+            "peak. Shorten the warm-up or check num_training_steps.", UserWarning)
     if not spec.decays:
         return
     if any(g.get("relative_step") for g in optimizer.param_groups):
-        warnings.warn(
+        warn_user(
             f"{type(optimizer).__name__} runs in relative-step mode (relative_step=True): it computes its own step "
             f"size and ignores the group lr, so the {spec.name!r} schedule has no effect. Use "
-            "{'type': 'pass_through'}, or give the optimizer an lr with relative_step=False.",
-            UserWarning,
-            stacklevel=3,
-        )
+            "{'type': 'pass_through'}, or give the optimizer an lr with relative_step=False.", UserWarning)
     elif any("schedulefree" in c.lower() for c in _optimizer_classes(optimizer)):
-        warnings.warn(
+        warn_user(
             f"{type(optimizer).__name__} is schedule-free: it replaces the decay by iterate averaging, and a "
-            f"decaying schedule ({spec.name!r}) works against it. Use 'constant' or 'constant_with_warmup'.",
-            UserWarning,
-            stacklevel=3,
-        )
+            f"decaying schedule ({spec.name!r}) works against it. Use 'constant' or 'constant_with_warmup'.", UserWarning)
 
 
 def _construct(spec: SchedulerSpec, optimizer: torch.optim.Optimizer, kwargs: dict[str, Any]) -> Any:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections.abc
 import typing
-import warnings
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -15,6 +14,7 @@ from pydantic import Field, create_model
 from torch.optim import Optimizer
 from torch.optim import lr_scheduler as tls
 
+from .._errors import warn_user
 from .._fields import HParams, Literalish
 from .._schema import schema_from_signature
 
@@ -115,13 +115,10 @@ def scale_absolute_lrs(cls_name: str, kwargs: dict[str, Any], optimizer: Optimiz
             out[key] = [float(value) * float(1.0 if s is None else s) for s in scales]
     floor = SCALAR_FLOORS.get(cls_name)
     if floor and out.get(floor):
-        warnings.warn(
+        warn_user(
             f"{cls_name}: {floor}={out[floor]} is one absolute floor for all param groups, so groups with an "
             "lr_scale lose their ratio near the end of the schedule. Use the built-in 'cosine_with_min_lr' "
-            "(min_lr_rate) to keep it.",
-            UserWarning,
-            stacklevel=4,
-        )
+            "(min_lr_rate) to keep it.", UserWarning)
     return out
 
 

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from torch.optim import Optimizer
 
-from .._errors import ConfigError
+from .._errors import ConfigError, warn_user
 from .._fields import HParams, Literalish
 from ._base import Fraction, PositiveSteps, Schedule, Steps, WarmupSteps
 from .cosine import cosine_wave
@@ -91,12 +90,9 @@ class WarmupStableDecaySchedule(Schedule):
             num_cycles=num_cycles,
         )
         if hp["num_training_steps"] is not None and hp["num_stable_steps"] is not None:
-            warnings.warn(
+            warn_user(
                 "warmup_stable_decay: both num_training_steps and num_stable_steps are given; "
-                "num_stable_steps is used (as in transformers).",
-                UserWarning,
-                stacklevel=2,
-            )
+                "num_stable_steps is used (as in transformers).", UserWarning)
         stable = hp["num_stable_steps"]
         if stable is None:
             stable = hp["num_training_steps"] - hp["warmup_steps"] - hp["num_decay_steps"]
