@@ -3,36 +3,20 @@ docs/figures.py renders (the timings at this size mean nothing)."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from bench_helpers import assert_readme_section_fills, figures, run_bench
 
 pytest.importorskip("optcore_fp16")
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("figures", ROOT / "docs" / "figures.py")
-figures = importlib.util.module_from_spec(spec)
-sys.modules["figures"] = figures  # dataclasses look their module up
-spec.loader.exec_module(figures)
 
 KEYS = {"params", "implementation", "best_ms", "x_loop", "x_bound", "x_bound_range", "bound_ms", "add_gbs"}
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("fp16") / "bench_fp16.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_fp16.py"), "--sizes", "tiny", "--rounds", "2", "--steps", "2",
-         "--threads", "1", "--json", str(out)],
-        check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(out.read_text())
+    return run_bench("bench_fp16.py", tmp_path_factory.mktemp("fp16") / "bench_fp16.json", "--sizes", "tiny",
+                     "--rounds", "2", "--steps", "2", "--threads", "1")
 
 
 def test_tiny_run_writes_rows_the_renderer_renders(data: dict) -> None:
@@ -56,12 +40,4 @@ def test_tiny_run_writes_rows_the_renderer_renders(data: dict) -> None:
 
 
 def test_the_readme_has_the_section_the_renderer_fills(data: dict, tmp_path: Path) -> None:
-    (figure,) = [f for f in figures.FIGURES if f.name == "bench-fp16"]
-    assert figure.render is figures.render_bench_fp16 and figure.results.name == "bench_fp16.json"
-    assert "--json docs/results/bench_fp16.json" in figure.command
-    page, results = tmp_path / "README.md", tmp_path / "bench_fp16.json"
-    page.write_text(figure.page.read_text())
-    results.write_text(json.dumps(data))
-    copy = figures.Figure(figure.name, page, results, figure.command, figure.render)
-    figures.write(copy)
-    assert figures.current(copy) == figures.expected(copy) and data["command"] in page.read_text()
+    assert_readme_section_fills("bench-fp16", figures.render_bench_fp16, data, tmp_path)

@@ -3,41 +3,25 @@ docs/figures.py renders (the timings at this size mean nothing)."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from bench_helpers import assert_readme_section_fills, figures, run_bench
 
 pytest.importorskip("optcore_lion")
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("figures", ROOT / "docs" / "figures.py")
-figures = importlib.util.module_from_spec(spec)
-sys.modules["figures"] = figures  # dataclasses look their module up
-spec.loader.exec_module(figures)
 
 KEYS = {"params", "implementation", "best_ms", "x_bound", "x_bound_range", "x_kernel", "x_best_peer", "first_ms",
         "bound_ms", "add_gbs"}
 
 
-def run_bench(tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / "bench_lion.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_lion.py"), "--sizes", "tiny", "--rounds", "2",
-         "--threads", "1", "--no-compiled", *args, "--json", str(out)],
-        check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(out.read_text())
+def lion(tmp_path: Path, *args: str) -> dict:
+    return run_bench("bench_lion.py", tmp_path / "bench_lion.json", "--sizes", "tiny", "--rounds", "2", "--threads", "1",
+                     "--no-compiled", *args)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_bench(tmp_path_factory.mktemp("lion"))
+    return lion(tmp_path_factory.mktemp("lion"))
 
 
 def test_tiny_run_writes_rows_the_renderer_renders(data: dict) -> None:
@@ -58,19 +42,11 @@ def test_tiny_run_writes_rows_the_renderer_renders(data: dict) -> None:
 
 
 def test_without_peers_the_peer_column_is_empty(tmp_path: Path) -> None:
-    data = run_bench(tmp_path, "--no-peers")
+    data = lion(tmp_path, "--no-peers")
     assert all(not row["peer"] and row["x_best_peer"] is None for row in data["rows"])
     assert all(line.split("|")[6].strip() == "-" for line in figures.render_bench_lion(data).splitlines()
                if line.startswith("| 0.2M"))
 
 
 def test_the_readme_has_the_section_the_renderer_fills(data: dict, tmp_path: Path) -> None:
-    (figure,) = [f for f in figures.FIGURES if f.name == "bench-lion"]
-    assert figure.render is figures.render_bench_lion and figure.results.name == "bench_lion.json"
-    assert "--json docs/results/bench_lion.json" in figure.command
-    page, results = tmp_path / "README.md", tmp_path / "bench_lion.json"
-    page.write_text(figure.page.read_text())
-    results.write_text(json.dumps(data))
-    copy = figures.Figure(figure.name, page, results, figure.command, figure.render)
-    figures.write(copy)
-    assert figures.current(copy) == figures.expected(copy) and data["command"] in page.read_text()
+    assert_readme_section_fills("bench-lion", figures.render_bench_lion, data, tmp_path)

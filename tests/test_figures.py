@@ -3,17 +3,8 @@ was rendered from (docs/figures.py): the README cannot drift from what was measu
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("figures", ROOT / "docs" / "figures.py")
-figures = importlib.util.module_from_spec(spec)
-sys.modules["figures"] = figures  # dataclasses look their module up
-spec.loader.exec_module(figures)
+from bench_helpers import ROOT, figures
 
 
 @pytest.mark.parametrize("figure", figures.FIGURES, ids=lambda f: f.name)
