@@ -56,11 +56,6 @@ def typed_config(
     return plain
 
 
-def optimizer_config(config: Any) -> dict[str, Any]:
-    """The optimizer config as a fresh dict with a ``type`` key."""
-    return typed_config(config)
-
-
 def merge_kwargs(cfg: dict[str, Any], key: str) -> None:
     """Pop ``cfg[key]`` (an ``optim_args`` string or a mapping) into ``cfg``."""
     extra = cfg.pop(key, None)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ._config import merge_kwargs, optimizer_config
+from ._config import merge_kwargs, typed_config
 from ._errors import ConfigError
 from ._hooks import get_plugin_manager, rewrite_config
 from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, no_decay_flag, validate_group_specs
@@ -63,7 +63,7 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
     """The :class:`BuildPlan` for ``config`` (over ``params_or_model`` if given);
     raises what a build would. ``allow_import_paths=False`` (or
     ``OPTCORE_ALLOW_IMPORT_PATHS=0``): only registered and plugin optimizers."""
-    cfg = rewrite_config(optimizer_config(config))
+    cfg = rewrite_config(typed_config(config))
     spec = resolve(cfg.pop("type"), allow_import_paths=allow_import_paths)
     if spec.is_wrapper:
         return _plan_wrapper(spec, cfg, params_or_model, allow_import_paths)
@@ -102,7 +102,7 @@ def _plan_wrapper(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: Any
             f"{{'type': '{spec.name}', 'optimizer': {{'type': 'AdamW', 'lr': 3e-4}}}}.",
             problems=[("optimizer", "missing")],
         )
-    inner_cfg = optimizer_config(cfg.pop("optimizer"))
+    inner_cfg = typed_config(cfg.pop("optimizer"))
     for key in PARAM_KEYS:
         if key in cfg:
             if key in inner_cfg:

@@ -1,5 +1,5 @@
 """The optimizer names: one :class:`~optcore._resolution.Registry` fed with
-``torch.optim`` (with optcore's hand-written schemas) and the known packages.
+``torch.optim`` (its signatures typed by :mod:`._torch_optims`) and the known packages.
 Specs pickle as a call of this module's :func:`resolve`, so the name
 ``optcore._registry.resolve`` is part of every pickled optimizer: it stays.
 """
@@ -36,7 +36,7 @@ def _torch_specs() -> list[OptimizerSpec]:
             provider="torch",
             qualified=f"torch:{n}",
             loader=(lambda n=n: getattr(torch.optim, n)),
-            explicit_schema=functools.partial(_torch_schema, n) if n in TORCH_FACTS else None,
+            explicit_schema=functools.partial(_torch_schema, n),
             version=torch.__version__,
             reduce_to=resolve,
         )
@@ -45,9 +45,9 @@ def _torch_specs() -> list[OptimizerSpec]:
 
 
 def _torch_schema(name: str) -> Any:
-    from ._torch_optims import TORCH_SCHEMAS  # lazily: the schemas are pydantic models
+    from ._torch_optims import torch_schema  # lazily: the schemas are pydantic models
 
-    return TORCH_SCHEMAS[name]
+    return torch_schema(name)
 
 
 def _package_specs() -> list[OptimizerSpec]:

@@ -182,16 +182,25 @@ def _annotation_for(default: Any, annotation: Any) -> Any:
     return Annotated[Any, Literalish]
 
 
-def schema_from_signature(target: Any, name: str | None = None, skip: tuple[str, ...] = ("params",)) -> type[HParams]:
+def schema_from_signature(
+    target: Any,
+    name: str | None = None,
+    skip: tuple[str, ...] = ("params",),
+    *,
+    fields: Mapping[str, Any] | None = None,
+    base: type[HParams] = HParams,
+    doc: str | None = None,
+) -> type[HParams]:
     """A schema from ``target.__init__``'s signature: one field per named
-    parameter, typed by its annotation or default (``**kwargs`` adds none)."""
+    parameter, typed by ``fields[name]`` if given, else by its annotation or
+    default (``**kwargs`` adds none); ``base`` may add validators."""
     init = target.__init__ if isinstance(target, type) else target
     try:
         hints = get_type_hints(init, include_extras=True)
     except Exception:  # unresolvable forward references: judge each field by its default
         hints = {}
     drop_first = "params" in skip  # optimizers: the first argument is the params, whatever its name
-    fields: dict[str, Any] = {}
+    typed: dict[str, Any] = {}
     params = list(inspect.signature(init).parameters.values())
     if isinstance(target, type) and params and params[0].name == "self":
         params = params[1:]
@@ -203,13 +212,13 @@ def schema_from_signature(target: Any, name: str | None = None, skip: tuple[str,
         annotation = hints.get(param.name, param.annotation)
         if isinstance(annotation, str):  # an unresolved string annotation says nothing pydantic can use
             annotation = inspect.Parameter.empty
-        typ = _annotation_for(param.default, annotation)
-        fields[param.name] = (typ, ... if param.default is inspect.Parameter.empty else param.default)
+        typ = (fields or {}).get(param.name) or _annotation_for(param.default, annotation)
+        typed[param.name] = (typ, ... if param.default is inspect.Parameter.empty else param.default)
     model_name = f"{name or getattr(target, '__name__', 'Optimizer')}Config"
     try:
-        model = create_model(model_name, __base__=HParams, **fields)
+        model = create_model(model_name, __base__=base, __doc__=doc, **typed)
         model.model_json_schema()  # Callable and other non-JSON types fail here, not in `optcore schema`
         return model
     except Exception:  # an annotation pydantic cannot handle: accept any value, keep the names
-        loose = {k: (Annotated[Any, Literalish], v[1]) for k, v in fields.items()}
-        return create_model(model_name, __base__=HParams, **loose)
+        loose = {k: (Annotated[Any, Literalish], v[1]) for k, v in typed.items()}
+        return create_model(model_name, __base__=base, __doc__=doc, **loose)

@@ -1,185 +1,82 @@
-"""Schemas for the optimizers in ``torch.optim``: their signatures, with the
-constraints torch enforces (or should: it accepts ``momentum=-1`` for SGD);
-``tests/test_schema_values.py`` checks them against the installed torch.
+"""Schemas for the optimizers in ``torch.optim``: the fields and defaults of the
+installed torch's own signature, each typed by its name with the constraints
+torch enforces (or should: it accepts ``momentum=-1`` for SGD).
+
+Why from the signature: optcore admits torch 2.4 and newer, and the classes
+gain arguments (``Adam``'s ``decoupled_weight_decay`` is newer than 2.4); a
+field the installed class lacks would be passed to it and fail every build.
+``tests/test_schema_values.py`` checks that every argument of the pinned
+torch has its constraint here, so none falls back to its bare annotation.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import functools
+import inspect
+from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import Field, model_validator
 
 from ._fields import LR, Beta, Betas, Eps, Flag, HParams, Literalish, Momentum, OptionalFlag, WeightDecay
+from ._schema import schema_from_signature
 
 NonNegative = Annotated[float, Field(ge=0.0), Literalish]
 Positive = Annotated[float, Field(gt=0.0), Literalish]
 PositiveInt = Annotated[int, Field(gt=0), Literalish]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0), Literalish]
 
-
-class _Impl(HParams):
-    """Implementation switches shared by most torch optimizers."""
-
-    maximize: Flag = Field(False, description="maximize the objective instead of minimizing")
-    foreach: OptionalFlag = Field(None, description="multi-tensor path; None lets optcore choose")
-    differentiable: Flag = Field(False, description="autograd through the step (slow)")
-
-
-class _Fusable(_Impl):
-    fused: OptionalFlag = Field(None, description="fused kernel; None = fused where the device supports it")
-
-    @model_validator(mode="after")
-    def _one_path(self) -> _Fusable:
-        if self.fused and self.foreach:
-            raise ValueError("fused=True and foreach=True are exclusive: set one of them")
-        if self.fused and self.differentiable:
-            raise ValueError("fused=True does not support differentiable=True")
-        return self
-
-
-class _AdamFamily(_Impl):
-    """Adam's fields, for its family (a redeclared default keeps the field's place)."""
-
-    lr: LR = 1e-3
-    betas: Betas = (0.9, 0.999)
-    eps: Eps = 1e-8
-    weight_decay: WeightDecay = 0.0
-    capturable: Flag = False
-
-
-class SGDConfig(_Fusable):
-    """Stochastic gradient descent, with optional (Nesterov) momentum."""
-
-    lr: LR = 1e-3
-    momentum: Momentum = 0.0
-    dampening: NonNegative = 0.0
-    weight_decay: WeightDecay = 0.0
-    nesterov: Flag = False
-
-    @model_validator(mode="after")
-    def _nesterov(self) -> SGDConfig:
-        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
-            raise ValueError("nesterov=True needs momentum > 0 and dampening = 0")
-        return self
-
-
-class AdamConfig(_AdamFamily, _Fusable):
-    """Adam (Kingma & Ba); ``decoupled_weight_decay=True`` makes it AdamW."""
-
-    amsgrad: Flag = False
-    decoupled_weight_decay: Flag = False
-
-
-class AdamWConfig(_AdamFamily, _Fusable):
-    """Adam with decoupled weight decay (Loshchilov & Hutter)."""
-
-    weight_decay: WeightDecay = 1e-2
-    amsgrad: Flag = False
-
-
-class AdamaxConfig(_AdamFamily):
-    lr: LR = 2e-3
-
-
-class NAdamConfig(_AdamFamily):
-    lr: LR = 2e-3
-    momentum_decay: NonNegative = 4e-3
-    decoupled_weight_decay: Flag = False
-
-
-class RAdamConfig(_AdamFamily):
-    decoupled_weight_decay: Flag = False
-
-
-class RMSpropConfig(_Impl):
-    lr: LR = 1e-2
-    alpha: Annotated[float, Field(ge=0.0, le=1.0, description="smoothing constant"), Literalish] = 0.99
-    eps: Eps = 1e-8
-    weight_decay: WeightDecay = 0.0
-    momentum: Momentum = 0.0
-    centered: Flag = False
-    capturable: Flag = False
-
-
-class AdagradConfig(_Fusable):
-    lr: LR = 1e-2
-    lr_decay: NonNegative = 0.0
-    weight_decay: WeightDecay = 0.0
-    initial_accumulator_value: NonNegative = 0.0
-    eps: Eps = 1e-10
-
-
-class AdadeltaConfig(_Impl):
-    lr: LR = 1.0
-    rho: Annotated[float, Field(ge=0.0, le=1.0), Literalish] = 0.9
-    eps: Eps = 1e-6
-    weight_decay: WeightDecay = 0.0
-    capturable: Flag = False
-
-
-class ASGDConfig(_Impl):
-    lr: LR = 1e-2
-    lambd: NonNegative = 1e-4
-    alpha: NonNegative = 0.75
-    t0: NonNegative = 1e6
-    weight_decay: WeightDecay = 0.0
-    capturable: Flag = False
-
-
-class RpropConfig(_Impl):
-    lr: LR = 1e-2
-    etas: Annotated[tuple[Positive, Positive], Field(description="(decrease, increase) factors"), Literalish] = (0.5, 1.2)
-    step_sizes: Annotated[tuple[NonNegative, NonNegative], Field(description="(min, max) step"), Literalish] = (1e-6, 50.0)
-    capturable: Flag = False
-
-    @model_validator(mode="after")
-    def _etas(self) -> RpropConfig:
-        if not 0.0 < self.etas[0] < 1.0 < self.etas[1]:
-            raise ValueError(f"etas must satisfy 0 < etaminus < 1 < etaplus, got {self.etas}")
-        return self
-
-
-class LBFGSConfig(HParams):
-    lr: LR = 1.0
-    max_iter: PositiveInt = 20
-    max_eval: Annotated[int | None, Field(gt=0), Literalish] = None
-    tolerance_grad: NonNegative = 1e-7
-    tolerance_change: NonNegative = 1e-9
-    history_size: PositiveInt = 100
-    line_search_fn: Literal["strong_wolfe"] | None = None
-
-
-class SparseAdamConfig(HParams):
-    lr: LR = 1e-3
-    betas: Betas = (0.9, 0.999)
-    eps: Eps = 1e-8
-    maximize: Flag = False
-
-
-class TorchAdafactorConfig(HParams):
-    """torch's own Adafactor (torch >= 2.5): no relative step, no update
-    clipping; not the fairseq/Hugging Face algorithm (see optcore-adafactor)."""
-
-    lr: LR = 1e-2
-    beta2_decay: Annotated[float, Field(le=0.0), Literalish] = -0.8
-    eps: Annotated[tuple[NonNegative | None, NonNegative], Literalish] = (None, 1e-3)
-    d: Positive = 1.0
-    weight_decay: WeightDecay = 0.0
-    foreach: OptionalFlag = None
-    maximize: Flag = False
-
-
-class MuonConfig(HParams):
-    lr: LR = 1e-3
-    weight_decay: WeightDecay = 0.1
-    momentum: Beta = 0.95
-    nesterov: Flag = True
-    ns_coefficients: Annotated[tuple[float, float, float], Literalish] = (3.4445, -4.775, 2.0315)
-    eps: Eps = 1e-7
-    ns_steps: PositiveInt = 5
-    adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = None
-
-
-#: torch's class name -> schema: every ``...Config`` above, named without "Config" (and "Torch")
-TORCH_SCHEMAS: dict[str, type[HParams]] = {
-    n.removesuffix("Config").removeprefix("Torch"): c for n, c in list(globals().items()) if n.endswith("Config")
+#: an argument's type by its name, whichever class takes it
+FIELDS: dict[str, Any] = {
+    "lr": LR, "betas": Betas, "eps": Eps, "weight_decay": WeightDecay, "momentum": Momentum,
+    **dict.fromkeys(("dampening", "lr_decay", "initial_accumulator_value", "momentum_decay", "lambd", "alpha", "t0",
+                     "tolerance_grad", "tolerance_change"), NonNegative),
+    **dict.fromkeys(("max_iter", "history_size", "ns_steps"), PositiveInt),
+    **dict.fromkeys(("amsgrad", "nesterov", "centered", "capturable", "decoupled_weight_decay"), Flag),
+    "maximize": Annotated[Flag, Field(description="maximize the objective instead of minimizing")],
+    "foreach": Annotated[OptionalFlag, Field(description="multi-tensor path; None lets optcore choose")],
+    "differentiable": Annotated[Flag, Field(description="autograd through the step (slow)")],
+    "fused": Annotated[OptionalFlag, Field(description="fused kernel; None = fused where the device supports it")],
+    "rho": Fraction,
+    "d": Positive,
+    "max_eval": Annotated[int | None, Field(gt=0), Literalish],
+    "etas": Annotated[tuple[Positive, Positive], Field(description="(decrease, increase) factors"), Literalish],
+    "step_sizes": Annotated[tuple[NonNegative, NonNegative], Field(description="(min, max) step"), Literalish],
+    "beta2_decay": Annotated[float, Field(le=0.0), Literalish],
+    "ns_coefficients": Annotated[tuple[float, float, float], Literalish],
+    "line_search_fn": Literal["strong_wolfe"] | None,
+    "adjust_lr_fn": Literal["original", "match_rms_adamw"] | None,
 }
+#: where one class's argument of that name means something else
+OWN_FIELDS: dict[str, dict[str, Any]] = {
+    "RMSprop": {"alpha": Annotated[Fraction, Field(description="smoothing constant")]},
+    "Muon": {"momentum": Beta},
+    "Adafactor": {"eps": Annotated[tuple[NonNegative | None, NonNegative], Literalish]},  # (eps1 or None, eps2)
+}
+
+
+class _TorchHParams(HParams):
+    """The rules between arguments, which torch checks only at the first step or not at all."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _TorchHParams:
+        given = self.__dict__
+        if given.get("fused") and given.get("foreach"):
+            raise ValueError("fused=True and foreach=True are exclusive: set one of them")
+        if given.get("fused") and given.get("differentiable"):
+            raise ValueError("fused=True does not support differentiable=True")
+        if "dampening" in given and given.get("nesterov") and (given["momentum"] <= 0 or given["dampening"] != 0):
+            raise ValueError("nesterov=True needs momentum > 0 and dampening = 0")
+        etas = given.get("etas")
+        if etas is not None and not 0.0 < etas[0] < 1.0 < etas[1]:
+            raise ValueError(f"etas must satisfy 0 < etaminus < 1 < etaplus, got {etas}")
+        return self
+
+
+@functools.cache
+def torch_schema(name: str) -> type[HParams]:
+    """The schema of ``torch.optim.<name>`` (named ``Torch<name>Config``: not a plugin's ``AdafactorConfig``)."""
+    cls = getattr(torch.optim, name)
+    summary = " ".join(inspect.cleandoc(cls.__doc__ or name).split("\n\n")[0].split())  # torch's first paragraph
+    fields = {**FIELDS, **OWN_FIELDS.get(name, {})}
+    return schema_from_signature(cls, name=f"Torch{name}", fields=fields, base=_TorchHParams, doc=summary)

@@ -4,6 +4,7 @@ fields are reported (cut, escaped, with the right suggestion)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 
@@ -14,7 +15,7 @@ import optcore
 from optcore import ConfigError
 from optcore._fields import LR, HParams
 from optcore._schema import schema_from_signature, validate_hparams
-from optcore._torch_optims import AdamWConfig
+from optcore._torch_optims import torch_schema
 
 
 @pytest.fixture
@@ -98,7 +99,7 @@ def test_a_0_dim_tensor_lr_passes_through_unchanged():
 
     lr = torch.tensor(0.01)
     assert validate_hparams(Cfg, {"lr": lr}, "X")["lr"] is lr
-    assert validate_hparams(AdamWConfig, {"lr": lr}, "AdamW")["lr"] is lr
+    assert validate_hparams(torch_schema("AdamW"), {"lr": lr}, "AdamW")["lr"] is lr
     for bad in (torch.tensor([0.01]), torch.tensor(1), torch.tensor(math.nan), torch.tensor(-1.0)):
         with pytest.raises(ConfigError, match="lr"):
             validate_hparams(Cfg, {"lr": bad}, "X")
@@ -159,19 +160,37 @@ def test_typos_still_get_close_matches(model):
     assert "did you mean 'weight_decay'?" in info.value.problems[0][1]
 
 
-def test_torch_schemas_match_the_installed_torch_signatures():
-    """Every field of optcore's torch.optim schemas is a parameter of the class with
-    the same default, and every keyword of the class is a field: a torch upgrade
-    that renames, adds or re-defaults one fails here instead of drifting silently."""
-    import inspect
+def test_every_argument_of_torch_optimizers_has_its_constraint():
+    """A torch upgrade that adds an argument fails here (give it a type in
+    optcore._torch_optims.FIELDS) instead of reaching users loosely typed."""
+    from optcore._torch_facts import TORCH_FACTS
+    from optcore._torch_optims import FIELDS, OWN_FIELDS
 
-    from optcore._torch_optims import TORCH_SCHEMAS
-
-    for name, schema in TORCH_SCHEMAS.items():
+    for name in TORCH_FACTS:
         cls = getattr(torch.optim, name, None)
         if cls is None:  # older torch: Adafactor (2.5), Muon (2.9)
             continue
-        signature = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
-        fields = {k: info.default for k, info in schema.model_fields.items()}
-        assert set(signature) - {"self", "params"} == set(fields), name
-        assert {k: signature[k] for k in fields} == fields, name
+        arguments = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+        assert arguments <= set(FIELDS) | set(OWN_FIELDS.get(name, {})), name
+        schema = torch_schema(name)
+        assert list(schema.model_fields) == [a for a in inspect.signature(cls.__init__).parameters if a in arguments]
+        assert all(info.default == inspect.signature(cls.__init__).parameters[k].default
+                   for k, info in schema.model_fields.items()), name
+
+
+def test_a_torch_without_an_argument_gets_a_schema_without_it(monkeypatch):
+    """torch 2.4's Adam has no decoupled_weight_decay: its schema must not pass one."""
+
+    class Adam24(torch.optim.Adam):
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
+                     foreach=None, maximize=False, capturable=False, differentiable=False, fused=None):
+            super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
+                             capturable=capturable, differentiable=differentiable, fused=fused)
+
+    monkeypatch.setattr(torch.optim, "Adam", Adam24)
+    schema = torch_schema.__wrapped__("Adam")
+    assert "decoupled_weight_decay" not in schema.model_fields and "fused" in schema.model_fields
+    kwargs = validate_hparams(schema, {"lr": "3e-4", "betas": "(0.8, 0.9)"}, "Adam")
+    Adam24([torch.zeros(2, requires_grad=True)], **kwargs)
+    with pytest.raises(ConfigError, match="exclusive"):
+        validate_hparams(schema, {"fused": True, "foreach": True}, "Adam")

@@ -17,7 +17,7 @@ from typing import Any
 
 from optcore import ConfigError, OptcoreError, resolve
 
-from .._config import optimizer_config, to_plain
+from .._config import to_plain, typed_config
 
 #: The default line-up: label, implementations in order of preference (the first
 #: installed one is used), hyper-parameters. Learning rates were picked on a 3x grid
@@ -97,7 +97,7 @@ def built_name(optimizer_cfg: Any) -> str | None:
     """The qualified name ``optimizer_cfg`` builds (``lion_pytorch:Lion`` for
     ``Lion``), shown in the table; ``None`` when it does not resolve."""
     try:
-        cfg = optimizer_config(optimizer_cfg)
+        cfg = typed_config(optimizer_cfg)
         spec = _quiet_resolve(cfg["type"])
         if spec.is_wrapper and cfg.get("optimizer") is not None:
             return f"{spec.qualified}({built_name(cfg['optimizer'])})"
@@ -185,7 +185,7 @@ def base_lr(entry: Mapping[str, Any]) -> float | None:
     """The entry's learning rate, else its optimizer's documented default; ``None``
     when it has neither (an lr sweep then skips it, saying so)."""
     try:
-        cfg = optimizer_config(entry["optimizer"])
+        cfg = typed_config(entry["optimizer"])
         holder = _lr_holder(cfg)
         if holder.get("lr") is not None:
             return float(holder["lr"])
@@ -198,6 +198,6 @@ def base_lr(entry: Mapping[str, Any]) -> float | None:
 
 def with_lr(entry: Mapping[str, Any], lr: float) -> dict[str, Any]:
     """A copy of ``entry`` whose optimizer runs at ``lr``."""
-    cfg = copy.deepcopy(optimizer_config(entry["optimizer"]))
+    cfg = copy.deepcopy(typed_config(entry["optimizer"]))
     _lr_holder(cfg)["lr"] = lr
     return {**entry, "optimizer": cfg}

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 import optcore
 from optcore import ConfigError, resolve
 
-from .._config import optimizer_config
+from .._config import typed_config
 from .lineup import built_name
 from .metascalars import MetaScalars, ItemsInKernels
 from .precision import param_dtype, with_precision
@@ -111,7 +111,7 @@ def on_meta(factory: Callable[[], nn.Module], dtype: torch.dtype | None = None) 
 # -------------------------------------------------------------- prediction
 def _accumulations(optimizer_cfg: Any) -> int:
     """Backward passes per step the config asks for (AdaScale estimates from several)."""
-    value = optimizer_config(optimizer_cfg).get("num_gradients_to_accumulate", 1)
+    value = typed_config(optimizer_cfg).get("num_gradients_to_accumulate", 1)
     return int(value) if isinstance(value, int) and value > 1 else 1
 
 
@@ -120,7 +120,7 @@ def _unpredictable(optimizer_cfg: Any) -> str | None:
     from optcore.testing import inputs_for
 
     try:
-        spec = resolve(optimizer_config(optimizer_cfg)["type"])
+        spec = resolve(typed_config(optimizer_cfg)["type"])
         inputs = inputs_for(spec)
     except Exception:  # noqa: BLE001 - the build reports a bad name with its own message
         return None

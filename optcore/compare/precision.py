@@ -14,7 +14,7 @@ import torch
 
 from optcore import OptcoreError, plan
 
-from .._config import optimizer_config
+from .._config import typed_config
 
 def param_dtype(optimizer_cfg: Any) -> torch.dtype | None:
     """The dtype the model must be converted to before building ``optimizer_cfg``
@@ -30,7 +30,7 @@ def with_precision(optimizer_cfg: Any, precision: str, memory_efficient: bool = 
     """``optimizer_cfg`` trained in ``precision`` ("fp32", "bf16", "fp16"): the
     half precisions through the precision wrapper (fp32 master copies unless
     ``memory_efficient``)."""
-    cfg = optimizer_config(optimizer_cfg)
+    cfg = typed_config(optimizer_cfg)
     if precision != "fp32":
         cfg["precision"] = precision
         if memory_efficient:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 import optcore
 from optcore import OptcoreError, resolve
 
-from .._config import optimizer_config
+from .._config import typed_config
 from .lineup import base_lr, built_name
 from .precision import param_dtype
 from .probes import memory_finish, memory_start, optimizer_state_bytes
@@ -178,7 +178,7 @@ def _warm_up(task: Any, model: nn.Module, batch: Any, optimizer_cfg: Any) -> Non
     with contextlib.suppress(Exception):  # a bad config is reported by the build, with its own message
         import torch._dynamo  # noqa: F401
 
-        resolve(optimizer_config(optimizer_cfg)["type"]).schema  # noqa: B018
+        resolve(typed_config(optimizer_cfg)["type"]).schema  # noqa: B018
 
 
 @torch.no_grad()

@@ -54,9 +54,9 @@ def loss(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor
 
 
 def full_config(config: Any, inputs: ConformanceInputs) -> dict[str, Any]:
-    from .._config import optimizer_config
+    from .._config import typed_config
 
-    return {**inputs.config, **optimizer_config(config)}
+    return {**inputs.config, **typed_config(config)}
 
 
 def build(config: dict[str, Any], m: nn.Module) -> Any:

@@ -41,10 +41,10 @@ def _dtype_name(dtype: str | torch.dtype) -> str:
 
 
 def _resolved(config: Any, inputs: ConformanceInputs | None) -> tuple[dict[str, Any], Any, ConformanceInputs]:
-    from .._config import optimizer_config
+    from .._config import typed_config
     from .._registry import resolve
 
-    cfg = optimizer_config(config)
+    cfg = typed_config(config)
     spec = resolve(cfg["type"])
     return cfg, spec, inputs or inputs_for(spec)
 
