@@ -11,7 +11,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ._errors import ConfigError
-from ._group_rules import check_all_used, compile_rules, lr_scale_value, no_decay_flag, rule_overrides
+from ._group_rules import lr_scale_value, match, no_decay_flag
 
 _NORM_TYPES: tuple[type, ...] = (
     nn.modules.normalization.LayerNorm,
@@ -127,27 +127,24 @@ def build_param_groups(
         raise ConfigError(
             "No trainable parameters: the model or list is empty, or every parameter has requires_grad=False."
         )
-    regexes = compile_rules(param_groups or [], "param_groups")
-    weak = compile_rules(policies or [], "plugin policy")
-    if (regexes or weak) and no_decay_names is None:
+    if (param_groups or policies) and no_decay_names is None:
         raise ConfigError(
             "'param_groups' select parameters by name, but the parameters were given without names; "
             "pass the model (nn.Module) or a dict of name -> tensor."
         )
-
-    no_decay = no_decay_flag(no_decay)
+    names = [n for n, _ in named if n is not None]
+    matched = iter(match(names, list(param_groups or []), list(policies or [])) if names else [])
+    no_decay = no_decay if isinstance(no_decay, bool) else no_decay_flag(no_decay)
     decay_split = bool(no_decay and weight_decay and no_decay_names is not None)
-    used = [False] * len(regexes)
     buckets: dict[tuple[Any, ...], dict[str, Any]] = {}
     for name, p in named:
         no_decay_here = decay_split and name in no_decay_names  # type: ignore[operator]
         overrides: dict[str, Any] = {"weight_decay": 0.0} if no_decay_here else {}
         if name is not None:
-            overrides.update(rule_overrides(name, regexes, weak, used))
+            overrides.update(next(matched))
         key = tuple(sorted((k, _hashable(v)) for k, v in overrides.items()))
         label = "no_decay" if no_decay_here else None
         buckets.setdefault(key, {"overrides": overrides, "params": [], "label": label})["params"].append(p)
-    check_all_used(param_groups or [], regexes, used, [n for n, _ in named if n is not None])
 
     groups = []
     for i, bucket in enumerate(buckets.values()):

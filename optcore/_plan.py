@@ -17,7 +17,7 @@ import torch
 from ._config import merge_kwargs, typed_config
 from ._errors import ConfigError
 from ._hooks import get_plugin_manager, rewrite_config
-from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, no_decay_flag, validate_group_specs
+from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, check_config
 from ._params import build_param_groups
 from ._registry import resolve
 from ._schema import validate_hparams
@@ -82,7 +82,7 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
             f"order; also installed: {others}. If you meant one of those, give it as the type.",
             exc.problems, exc.accepted, exc.target,
         ) from None
-    validate_group_specs(group_specs)
+    no_decay = check_config(group_specs, no_decay)
     for i, group in enumerate(group_specs):
         _validate_overrides(spec, hparams, group, f"{spec.name} param_groups[{i}]")
     plan_ = BuildPlan(
@@ -90,7 +90,7 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
         hparams=MappingProxyType(hparams),
         explicit=frozenset(cfg),
         group_specs=tuple(MappingProxyType(dict(g)) for g in group_specs),
-        no_decay=no_decay_flag(no_decay),
+        no_decay=no_decay,
     )
     return plan_ if params_or_model is None else _with_params(plan_, params_or_model)
 

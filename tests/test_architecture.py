@@ -96,6 +96,23 @@ def test_a_build_walks_down_the_layers(config):
     print(f"{len(hops)} hops over {len({b for _, b in edges})} modules")
 
 
+def _calls(config, model) -> list[tuple[str, str]]:
+    optcore.build_optimizer(dict(config), model)  # warm
+    return _trace(lambda: optcore.build_optimizer(dict(config), model))
+
+
+def test_the_road_does_not_grow_with_the_model():
+    """A build calls across modules a fixed number of times: a model of 40
+    layers (160 parameters, each matched against the regex groups) makes the
+    calls a model of 1 layer makes."""
+    config = {"type": "AdamW", "param_groups": [{"params": r"^0\.", "lr_scale": 2.0}, {"params": "^9$", "optional": True}]}
+
+    def model(layers: int) -> torch.nn.Module:
+        return torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))])
+
+    assert _calls(config, model(1)) == _calls(config, model(40))
+
+
 def test_the_type_checking_imports_name_every_lazy_public_name():
     """``optcore/__init__``'s TYPE_CHECKING block (for IDEs and type checkers) imports
     exactly the names of ``_LAZY`` (what runs), each from the same module."""
