@@ -80,11 +80,15 @@ def _original_step(cls: type, passes_closure: bool) -> Any:
 
 def adapt(cls: type[torch.optim.Optimizer], *, groups: bool | None = None) -> type:
     """Flags of torch classes come from ``_torch_facts``; other classes' are False
-    unless declared (D-Adaptation, Prodigy and Adai pool statistics over groups)."""
+    unless declared (D-Adaptation, Prodigy and Adai pool statistics over groups).
+    ``groups=`` declares a fact of the class, so it holds for every instance,
+    also when the class was adapted before."""
     if issubclass(cls, ContractMixin):
         return cls
     with _lock:
         if cls in _cache:
+            if groups is not None:
+                _cache[cls].supports_groups = bool(groups) and param_groups_assignable(cls)
             return _cache[cls]
         in_torch = cls.__module__.startswith("torch.optim")
         is_torch = in_torch and cls.__name__ in TORCH_FACTS

@@ -220,6 +220,27 @@ def test_groups_on_read_only_param_groups_is_a_clear_error():
     assert torch.equal(p.detach(), torch.full((3,), -0.1))
 
 
+def test_a_groups_declaration_holds_after_the_class_was_adapted():
+    class Independent(torch.optim.Optimizer):  # a third-party class: no flags of its own
+        def __init__(self, params, lr=0.1):
+            super().__init__(params, {"lr": lr})
+
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data.add_(p.grad, alpha=-group["lr"])
+
+    first = optcore.adapt(Independent)
+    assert first.supports_groups is False  # undeclared: optcore cannot vouch
+    assert optcore.adapt(Independent, groups=True) is first and first.supports_groups is True
+    a, b = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    opt = first([{"params": [a]}, {"params": [b]}])
+    a.grad, b.grad = torch.ones(2), torch.ones(2)
+    opt.step(groups=[1])
+    assert torch.equal(a.detach(), torch.zeros(2)) and torch.equal(b.detach(), torch.full((2,), -0.1))
+    assert optcore.adapt(Independent, groups=False).supports_groups is False
+
+
 # ----------------------------------------------------------- tensor lr
 def test_a_tensor_lr_stays_a_tensor_end_to_end(model):
     lr = torch.tensor(1e-2)
