@@ -84,7 +84,9 @@ def adapt(cls: type[torch.optim.Optimizer], *, groups: bool | None = None) -> ty
     ``groups=`` declares a fact of the class, so it holds for every instance,
     also when the class was adapted before."""
     if issubclass(cls, ContractMixin):
-        return cls
+        if groups is None or "adapted_from" not in vars(cls):
+            return cls
+        cls = cls.adapted_from  # an adapted class: the declaration is about the class it adapts
     with _lock:
         if cls in _cache:
             if groups is not None:

@@ -219,6 +219,6 @@ def schema_from_signature(
         model = create_model(model_name, __base__=base, __doc__=doc, **typed)
         model.model_json_schema()  # Callable and other non-JSON types fail here, not in `optcore schema`
         return model
-    except Exception:  # an annotation pydantic cannot handle: accept any value, keep the names
-        loose = {k: (Annotated[Any, Literalish], v[1]) for k, v in typed.items()}
+    except Exception:  # an annotation pydantic cannot handle: accept any value, keep the names and given types
+        loose = {k: (v[0] if k in (fields or {}) else Annotated[Any, Literalish], v[1]) for k, v in typed.items()}
         return create_model(model_name, __base__=base, __doc__=doc, **loose)

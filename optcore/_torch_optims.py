@@ -55,6 +55,11 @@ OWN_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
+#: what torch's first paragraph does not say and a user choosing between providers needs
+NOTES = {"Adafactor": "torch's own: no relative step, no update clipping; not the fairseq/Hugging Face algorithm "
+         "(that is optcore-adafactor's)."}
+
+
 class _TorchHParams(HParams):
     """The rules between arguments, which torch checks only at the first step or not at all."""
 
@@ -78,5 +83,6 @@ def torch_schema(name: str) -> type[HParams]:
     """The schema of ``torch.optim.<name>`` (named ``Torch<name>Config``: not a plugin's ``AdafactorConfig``)."""
     cls = getattr(torch.optim, name)
     summary = " ".join(inspect.cleandoc(cls.__doc__ or name).split("\n\n")[0].split())  # torch's first paragraph
+    summary = f"{summary} {NOTES[name]}" if name in NOTES else summary
     fields = {**FIELDS, **OWN_FIELDS.get(name, {})}
     return schema_from_signature(cls, name=f"Torch{name}", fields=fields, base=_TorchHParams, doc=summary)

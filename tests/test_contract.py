@@ -239,6 +239,7 @@ def test_a_groups_declaration_holds_after_the_class_was_adapted():
     opt.step(groups=[1])
     assert torch.equal(a.detach(), torch.zeros(2)) and torch.equal(b.detach(), torch.full((2,), -0.1))
     assert optcore.adapt(Independent, groups=False).supports_groups is False
+    assert optcore.adapt(first, groups=True) is first and first.supports_groups is True  # the adapted class too
 
 
 # ----------------------------------------------------------- tensor lr

@@ -178,6 +178,24 @@ def test_every_argument_of_torch_optimizers_has_its_constraint():
                    for k, info in schema.model_fields.items()), name
 
 
+def test_a_torch_argument_pydantic_cannot_type_leaves_the_others_typed(monkeypatch):
+    """A newer torch's argument annotated with a Callable (no JSON schema) is
+    accepted as is; lr and the rest keep their constraints."""
+    from collections.abc import Callable
+
+    class SGDNext(torch.optim.SGD):
+        def __init__(self, params, lr=1e-3, momentum=0.0, grad_hook=None):
+            super().__init__(params, lr, momentum)
+
+    SGDNext.__init__.__annotations__ = {"grad_hook": Callable[[torch.Tensor], torch.Tensor] | None}  # not strings
+    monkeypatch.setattr(torch.optim, "SGDNext", SGDNext, raising=False)
+    schema = torch_schema.__wrapped__("SGDNext")
+    assert validate_hparams(schema, {"grad_hook": abs}, "SGDNext")["grad_hook"] is abs
+    for bad in ({"lr": -1}, {"momentum": "abc"}):
+        with pytest.raises(ConfigError):
+            validate_hparams(schema, bad, "SGDNext")
+
+
 def test_a_torch_without_an_argument_gets_a_schema_without_it(monkeypatch):
     """torch 2.4's Adam has no decoupled_weight_decay: its schema must not pass one."""
 

@@ -218,7 +218,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     def report(step: int, loss: float, lr: float | None = None) -> None:
         if step % every == 0 or step == settings.steps:
-            lr_text = f"  lr {lr:.2e}" if isinstance(lr, float) else ""
+            lr_text = f"  lr {float(lr):.2e}" if isinstance(lr, (int, float)) and not isinstance(lr, bool) else ""
             print(f"step {step:>5}/{settings.steps}  train loss {loss:.4f}{lr_text}", flush=True)
 
     result = run_config(entry, settings, report, sample_chars=args.sample)
