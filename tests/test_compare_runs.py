@@ -122,9 +122,9 @@ def test_in_process_runs_one_at_a_time(tmp_path, capsys):
 
 def test_ctrl_c_with_runs_side_by_side_stops_them_and_keeps_the_finished(tmp_path):
     code, printed, doc = _ctrl_c_after_a_finished_run(
-        tmp_path, ["--optimizers", "torch:SGD,AdamW,Adam,NAdam,RMSprop", "--steps", "2000", "--jobs", "2"],
+        tmp_path, ["--optimizers", "torch:SGD,AdamW,Adam,NAdam,RMSprop", "--steps", "500", "--jobs", "2"],
         start_new_session=True,  # Ctrl-C to the parent alone: its stop must end the children
     )
     assert code == 130, printed
     assert doc["interrupted"] and not doc["complete"] and len(doc["results"]) < 5
-    assert all(r["status"] == "ok" and len(r["losses"]) == 2000 for r in doc["results"])
+    assert all(r["status"] == "ok" and len(r["losses"]) == 500 for r in doc["results"])
