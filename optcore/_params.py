@@ -132,16 +132,15 @@ def build_param_groups(
             "'param_groups' select parameters by name, but the parameters were given without names; "
             "pass the model (nn.Module) or a dict of name -> tensor."
         )
-    names = [n for n, _ in named if n is not None]
-    matched = iter(match(names, list(param_groups or []), list(policies or [])) if names else [])
-    no_decay = no_decay if isinstance(no_decay, bool) else no_decay_flag(no_decay)
+    no_decay = no_decay_flag(no_decay)
     decay_split = bool(no_decay and weight_decay and no_decay_names is not None)
+    names = [n for n, _ in named if n is not None]
+    per_name = match(names, list(param_groups or []), list(policies or [])) if names else [{} for _ in named]
     buckets: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for name, p in named:
+    for (name, p), matched in zip(named, per_name):
         no_decay_here = decay_split and name in no_decay_names  # type: ignore[operator]
         overrides: dict[str, Any] = {"weight_decay": 0.0} if no_decay_here else {}
-        if name is not None:
-            overrides.update(next(matched))
+        overrides.update(matched)
         key = tuple(sorted((k, _hashable(v)) for k, v in overrides.items()))
         label = "no_decay" if no_decay_here else None
         buckets.setdefault(key, {"overrides": overrides, "params": [], "label": label})["params"].append(p)
