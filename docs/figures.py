@@ -216,6 +216,22 @@ def render_bench_adascale(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_road(data: dict[str, Any]) -> str:
+    parts = []
+    for r in data["roads"]:
+        core = sum(1 for a, b in r["hops"] if not a.startswith("optcore_") and not b.startswith("optcore_"))
+        parts += [
+            f"`build_optimizer({json.dumps(r['config'])}, model)`: {len(r['hops'])} hops, {core} of them "
+            "between core modules (the others enter or leave a plugin's).",
+            "",
+            "```text",
+            *(f"{i:2d}. {a} -> {b}" for i, (a, b) in enumerate(r["hops"], 1)),
+            "```",
+            "",
+        ]
+    return "\n".join(parts[:-1])
+
+
 def plot_compare(data: dict[str, Any]) -> None:
     from optcore.compare.report import plot_curves
 
@@ -224,6 +240,13 @@ def plot_compare(data: dict[str, Any]) -> None:
 
 
 FIGURES: list[Figure] = [
+    Figure(
+        "road",
+        ROOT / "docs" / "architecture.md",
+        RESULTS / "road.json",
+        "python benchmarks/road.py --json docs/results/road.json",
+        render_road,
+    ),
     Figure(
         "compare",
         ROOT / "README.md",

@@ -37,7 +37,7 @@ def construct(plan_: BuildPlan) -> Any:
     with rejected_config(spec, config={**plan_.hparams, "type": spec.qualified}):
         optimizer = _call(spec, [dict(g) for g in plan_.groups], dict(plan_.hparams))
     optimizer.optcore_spec = spec  # type: ignore[attr-defined]
-    get_plugin_manager().hook.optcore_optimizer_built(optimizer=optimizer, config={**plan_.hparams, "type": spec.name})
+    (plan_.hooks or get_plugin_manager().hook).optcore_optimizer_built(optimizer=optimizer, config={**plan_.hparams, "type": spec.name})
     return optimizer
 
 

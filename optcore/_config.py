@@ -1,6 +1,6 @@
 """Every accepted spelling of a config (a mapping, a pydantic model, a Hydra
-``DictConfig``, a type name, ``{"optimizer": {...}}``), turned into one plain dict.
-Files are the applications' to read (:mod:`optcore.files`).
+``DictConfig``, a type name, ``{"optimizer": {...}}``, a plugin's shorthand),
+turned into plain dicts. Files are the applications' to read (:mod:`optcore.files`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._literals import parse_optim_args
+from ._values import as_flag
 
 
 def to_plain(config: Any) -> Any:
@@ -78,3 +79,59 @@ def merge_kwargs(cfg: dict[str, Any], key: str) -> None:
         )
     cfg.update(extra)
 
+
+
+#: Keys about the parameters, not the optimizer: a wrapper hands them inward.
+PARAM_KEYS = ("param_groups", "no_decay", "optim_args")
+
+
+def chain(config: Any, rewrite_hook: Any = None) -> list[dict[str, Any]]:
+    """The configs of the optimizers ``config`` describes, outermost wrapper
+    first: each after the hook plugins' rewrites (``rewrite_hook``: pluggy's
+    ``optcore_rewrite_config`` caller), a wrapper's ``optimizer`` (API.md: a
+    mapping with both ``type`` and ``optimizer`` is a wrapper) unpacked into the
+    next, the parameter keys handed to the innermost, its ``optim_args`` merged."""
+    links = [_rewritten(typed_config(config), rewrite_hook)]
+    while "optimizer" in links[-1]:
+        outer = links[-1]
+        inner = _rewritten(typed_config(outer.pop("optimizer")), rewrite_hook)
+        for key in PARAM_KEYS:
+            if key in outer and key in inner:
+                raise ConfigError(
+                    f"{key!r} is given both on {getattr(outer['type'], '__name__', outer['type'])} and on its "
+                    "inner optimizer; keep one.",
+                    problems=[(key, "given twice")],
+                )
+            if key in outer:
+                inner[key] = outer.pop(key)
+        links.append(inner)
+    merge_kwargs(links[-1], "optim_args")
+    if "no_decay" in links[-1]:
+        links[-1]["no_decay"] = no_decay_flag(links[-1]["no_decay"])
+    return links
+
+
+def no_decay_flag(value: Any) -> bool:
+    """Never judged by truthiness: ``"false"`` is false."""
+    try:
+        return as_flag(value, "no_decay")
+    except ValueError as exc:
+        raise ConfigError(
+            f"{exc}: it says whether biases and normalisation weights get weight_decay=0 (default true).",
+            problems=[("no_decay", "must be true or false")],
+        ) from None
+
+
+def _rewritten(config: dict[str, Any], hook: Any) -> dict[str, Any]:
+    """``config`` after each ``optcore_rewrite_config`` plugin had its turn, seeing the previous one's result."""
+    for impl in reversed(hook.get_hookimpls() if hook is not None else []):  # pluggy's order: last registered first
+        result = impl.function(**({"config": config} if "config" in impl.argnames else {}))
+        if result is None:
+            continue
+        if not isinstance(result, dict) or "type" not in result:
+            raise ConfigError(
+                f"Hook plugin {impl.plugin_name!r} rewrote the config into {result!r}, which is not an optimizer "
+                "config (a dict with 'type'); report this to the plugin's authors."
+            )
+        config = result
+    return config

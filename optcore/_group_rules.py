@@ -1,5 +1,5 @@
-"""The config's regex ``param_groups``, hook policies, ``lr_scale``, ``no_decay``:
-checked from the config alone (``optcore check``) and against parameter names.
+"""The config's regex ``param_groups``, hook policies and ``lr_scale``: checked
+from the config alone (``optcore check``) and against parameter names.
 
 A parameter two regexes match is an error, not a silent pick; so is a regex that
 matches nothing (a typo would change nothing) unless it is ``"optional": true``.
@@ -19,17 +19,6 @@ Rule = tuple[re.Pattern[str], dict[str, Any]]
 GROUP_META_KEYS = frozenset({"name", "lr_scale", "params"})
 #: Keys that only steer the matching.
 MATCH_KEYS = frozenset({"optional"})
-
-
-def no_decay_flag(value: Any) -> bool:
-    """Never judged by truthiness: ``"false"`` is false."""
-    try:
-        return as_flag(value, "no_decay")
-    except ValueError as exc:
-        raise ConfigError(
-            f"{exc}: it says whether biases and normalisation weights get weight_decay=0 (default true).",
-            problems=[("no_decay", "must be true or false")],
-        ) from None
 
 
 def lr_scale_value(value: Any, where: str = "lr_scale") -> float:
@@ -77,7 +66,7 @@ def match(names: list[str], param_groups: list[Mapping[str, Any]], policies: lis
     """What the policies, then the config's ``param_groups``, set for each of
     ``names``: all names in one call, so the rules compile once and a model's
     size never adds a trip between modules."""
-    rules, weak = compile_rules(param_groups, "param_groups"), compile_rules(policies, "plugin policy")
+    rules, weak = _unique(compile_rules(param_groups, "param_groups")), compile_rules(policies, "plugin policy")
     used = [False] * len(rules)
     out = []
     for name in names:
@@ -110,12 +99,15 @@ def match(names: list[str], param_groups: list[Mapping[str, Any]], policies: lis
     return out
 
 
-def check_config(param_groups: Iterable[Mapping[str, Any]] | None, no_decay: Any) -> bool:
-    """Without parameters at hand (a regex given twice can never build: what it
-    matches is matched twice); returns ``no_decay`` as a bool."""
-    compiled = compile_rules(param_groups or [], "param_groups")
+def check_config(param_groups: Iterable[Mapping[str, Any]] | None) -> None:
+    """The regex groups without parameters at hand: what :func:`match` would reject before matching."""
+    _unique(compile_rules(param_groups or [], "param_groups"))
+
+
+def _unique(rules: list[Rule]) -> list[Rule]:
+    """A regex given twice can never build: what it matches is matched twice."""
     seen: dict[str, int] = {}
-    for i, (pattern, _) in enumerate(compiled):
+    for i, (pattern, _) in enumerate(rules):
         if pattern.pattern in seen:
             raise ConfigError(
                 f"param_groups[{seen[pattern.pattern]}] and param_groups[{i}] have the same regex "
@@ -123,4 +115,4 @@ def check_config(param_groups: Iterable[Mapping[str, Any]] | None, no_decay: Any
                 problems=[(f"param_groups[{i}].params", "given twice")],
             )
         seen[pattern.pattern] = i
-    return no_decay_flag(no_decay)
+    return rules

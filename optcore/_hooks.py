@@ -11,7 +11,7 @@ from typing import Any
 
 import pluggy
 
-from ._errors import ConfigError, PluginLoadError
+from ._errors import PluginLoadError
 from ._plugins import HOOKS_GROUP, entry_points
 
 hookspec = pluggy.HookspecMarker("optcore")
@@ -72,18 +72,3 @@ def get_plugin_manager() -> pluggy.PluginManager:
             _manager = (entries, pm)
         return _manager[1]
 
-
-def rewrite_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` after every ``optcore_rewrite_config`` hook has had its turn."""
-    hook = get_plugin_manager().hook.optcore_rewrite_config
-    for impl in reversed(hook.get_hookimpls()):  # pluggy's call order: last registered first
-        result = impl.function(**({"config": config} if "config" in impl.argnames else {}))
-        if result is None:
-            continue
-        if not isinstance(result, dict) or "type" not in result:
-            raise ConfigError(
-                f"Hook plugin {impl.plugin_name!r} rewrote the config into {result!r}, which is not an optimizer "
-                "config (a dict with 'type'); report this to the plugin's authors."
-            )
-        config = result
-    return config

@@ -11,7 +11,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from ._errors import ConfigError
-from ._group_rules import lr_scale_value, match, no_decay_flag
+from ._config import no_decay_flag
+from ._group_rules import lr_scale_value, match
 
 _NORM_TYPES: tuple[type, ...] = (
     nn.modules.normalization.LayerNorm,
@@ -132,7 +133,7 @@ def build_param_groups(
             "'param_groups' select parameters by name, but the parameters were given without names; "
             "pass the model (nn.Module) or a dict of name -> tensor."
         )
-    no_decay = no_decay_flag(no_decay)
+    no_decay = no_decay if isinstance(no_decay, bool) else no_decay_flag(no_decay)  # a plan parsed it already
     decay_split = bool(no_decay and weight_decay and no_decay_names is not None)
     names = [n for n, _ in named if n is not None]
     per_name = match(names, list(param_groups or []), list(policies or [])) if names else [{} for _ in named]

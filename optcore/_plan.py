@@ -14,17 +14,14 @@ from typing import Any
 
 import torch
 
-from ._config import merge_kwargs, typed_config
+from ._config import chain
 from ._errors import ConfigError
-from ._hooks import get_plugin_manager, rewrite_config
 from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, check_config
+from ._hooks import get_plugin_manager
 from ._params import build_param_groups
 from ._registry import resolve
-from ._schema import validate_hparams
+from ._schema import validate_groups, validate_hparams
 from ._spec import OptimizerSpec
-
-#: Keys about the parameters, not the optimizer: a wrapper hands them inward.
-PARAM_KEYS = ("param_groups", "no_decay", "optim_args")
 
 #: Plugin-owned config keys, only to name the plugin when none claims one.
 PLUGIN_KEY_HINTS = dict.fromkeys(("precision", "memory_efficient", "loss_scaler"), "optcore-fp16")
@@ -43,6 +40,8 @@ class BuildPlan:
     inner: BuildPlan | None = None
     groups: tuple[dict[str, Any], ...] | None = field(default=None, repr=False)
     implementation: str | None = None
+    #: the hook plugins' callers (pluggy's), collected once for the whole road
+    hooks: Any = field(default=None, repr=False, compare=False)
 
     @property
     def chain(self) -> tuple[OptimizerSpec, ...]:
@@ -63,13 +62,38 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
     """The :class:`BuildPlan` for ``config`` (over ``params_or_model`` if given);
     raises what a build would. ``allow_import_paths=False`` (or
     ``OPTCORE_ALLOW_IMPORT_PATHS=0``): only registered and plugin optimizers."""
-    cfg = rewrite_config(typed_config(config))
-    spec = resolve(cfg.pop("type"), allow_import_paths=allow_import_paths)
+    hooks = get_plugin_manager().hook
+    links = chain(config, hooks.optcore_rewrite_config)
+    specs = [resolve(link.pop("type"), allow_import_paths=allow_import_paths) for link in links]
+    wrappers = []
+    for spec, cfg, inner in zip(specs, links, specs[1:]):
+        if not spec.is_wrapper:
+            raise ConfigError(
+                f"{spec.name} does not wrap another optimizer, so 'optimizer' is not one of its keys; give the "
+                "optimizer's hyper-parameters directly, or use a wrapper type such as FP16Optimizer.",
+                problems=[("optimizer", f"{spec.name} is not a wrapper")],
+            )
+        hparams = validate_hparams(spec.schema, cfg, spec.name)
+        check = getattr(spec.target, "check_inner", None)
+        if callable(check):
+            check(inner, hparams)  # e.g. memory-efficient fp16 needs an optimizer that computes in fp32
+        wrappers.append((spec, hparams, frozenset(cfg)))
+    plan_ = _plan_optimizer(specs[-1], links[-1], params_or_model, hooks)
+    for spec, hparams, explicit in reversed(wrappers):
+        plan_ = BuildPlan(spec=spec, hparams=MappingProxyType(hparams), explicit=explicit, inner=plan_, hooks=hooks)
+    return plan_
+
+
+def _plan_optimizer(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: Any, hooks: Any) -> BuildPlan:
+    """The plan of the optimizer that steps (the innermost of a chain)."""
     if spec.is_wrapper:
-        return _plan_wrapper(spec, cfg, params_or_model, allow_import_paths)
-    group_specs = cfg.pop("param_groups", None) or []
+        raise ConfigError(
+            f"{spec.name} wraps another optimizer: give it as 'optimizer', e.g. "
+            f"{{'type': '{spec.name}', 'optimizer': {{'type': 'AdamW', 'lr': 3e-4}}}}.",
+            problems=[("optimizer", "missing")],
+        )
+    group_specs = [dict(g) for g in cfg.pop("param_groups", None) or []]
     no_decay = cfg.pop("no_decay", True)
-    merge_kwargs(cfg, "optim_args")
     _reject_plugin_keys(spec, cfg)
     try:
         hparams = validate_hparams(spec.schema, cfg, spec.name)
@@ -82,41 +106,19 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
             f"order; also installed: {others}. If you meant one of those, give it as the type.",
             exc.problems, exc.accepted, exc.target,
         ) from None
-    no_decay = check_config(group_specs, no_decay)
-    for i, group in enumerate(group_specs):
-        _validate_overrides(spec, hparams, group, f"{spec.name} param_groups[{i}]")
     plan_ = BuildPlan(
         spec=spec,
         hparams=MappingProxyType(hparams),
         explicit=frozenset(cfg),
-        group_specs=tuple(MappingProxyType(dict(g)) for g in group_specs),
+        group_specs=tuple(MappingProxyType(g) for g in group_specs),
         no_decay=no_decay,
+        hooks=hooks,
     )
-    return plan_ if params_or_model is None else _with_params(plan_, params_or_model)
-
-
-def _plan_wrapper(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: Any, allow: bool | None) -> BuildPlan:
-    if "optimizer" not in cfg:
-        raise ConfigError(
-            f"{spec.name} wraps another optimizer: give it as 'optimizer', e.g. "
-            f"{{'type': '{spec.name}', 'optimizer': {{'type': 'AdamW', 'lr': 3e-4}}}}.",
-            problems=[("optimizer", "missing")],
-        )
-    inner_cfg = typed_config(cfg.pop("optimizer"))
-    for key in PARAM_KEYS:
-        if key in cfg:
-            if key in inner_cfg:
-                raise ConfigError(
-                    f"{key!r} is given both on {spec.name} and on its inner optimizer; keep one.",
-                    problems=[(key, "given twice")],
-                )
-            inner_cfg[key] = cfg.pop(key)
-    hparams = validate_hparams(spec.schema, cfg, spec.name)
-    inner = plan(inner_cfg, params_or_model, allow_import_paths=allow)
-    check = getattr(spec.target, "check_inner", None)
-    if callable(check):
-        check(inner.spec, hparams)  # e.g. memory-efficient fp16 needs an optimizer that computes in fp32
-    return BuildPlan(spec=spec, hparams=MappingProxyType(hparams), explicit=frozenset(cfg), inner=inner)
+    if params_or_model is not None:
+        return _with_params(plan_, params_or_model)
+    check_config(group_specs)  # what matching would reject, without parameters to match
+    _check_overrides(plan_, [])
+    return plan_
 
 
 def _reject_plugin_keys(spec: OptimizerSpec, cfg: dict[str, Any]) -> None:
@@ -133,19 +135,23 @@ def _reject_plugin_keys(spec: OptimizerSpec, cfg: dict[str, Any]) -> None:
         )
 
 
-def _validate_overrides(spec: OptimizerSpec, hparams: Mapping[str, Any], group: Mapping[str, Any], label: str) -> dict[str, Any]:
-    overrides = {k: v for k, v in group.items() if k not in GROUP_META_KEYS and k not in MATCH_KEYS}
-    if not overrides:
-        return {}
-    merged = validate_hparams(spec.schema, {**hparams, **overrides}, label)
-    return {k: merged[k] for k in overrides}
+def _check_overrides(plan_: BuildPlan, groups: list[dict[str, Any]]) -> None:
+    """Validates the overrides of the config's ``param_groups`` and of the built
+    ``groups`` over the plan's hyper-parameters, and writes the latter's in."""
+    name = plan_.spec.name
+    labelled = [(f"{name} param_groups[{i}]", g) for i, g in enumerate(plan_.group_specs)]
+    labelled += [(f"{name} param group {g.get('name', i)}", g) for i, g in enumerate(groups)]
+    overrides = [(label, {k: v for k, v in g.items() if k not in GROUP_META_KEYS and k not in MATCH_KEYS}) for label, g in labelled]
+    checked = validate_groups(plan_.spec.schema, plan_.hparams, overrides)
+    for group, values in zip(groups, checked[len(plan_.group_specs):]):
+        group.update(values)
 
 
 def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
     spec, hparams = plan_.spec, dict(plan_.hparams)
     policies: list[Mapping[str, Any]] = []
     if isinstance(params_or_model, torch.nn.Module):
-        results = get_plugin_manager().hook.optcore_param_group_policies(
+        results = plan_.hooks.optcore_param_group_policies(
             model=params_or_model, config={**hparams, "type": spec.name}
         )
         policies = [policy for result in results if result for policy in result]
@@ -157,8 +163,8 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
         policies=policies,
         leaf_only=not hparams.get("differentiable", False),  # torch steps non-leaf params only then
     )
-    for i, group in enumerate(groups):
-        group.update(_validate_overrides(spec, hparams, group, f"{spec.name} param group {group.get('name', i)}"))
+    _check_overrides(plan_, groups)
+    for group in groups:
         # a tensor lr stays a tensor (torch.compile's recipe), one per group: a scheduler fills it in place
         base, scale = group.get("lr", hparams.get("lr")), group.get("lr_scale")
         if isinstance(base, torch.Tensor):

@@ -139,6 +139,18 @@ def validate_hparams(
     return {name: getattr(model, name) for name in type(model).model_fields}
 
 
+def validate_groups(
+    schema: type[BaseModel], hparams: Mapping[str, Any], groups: list[tuple[str, Mapping[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Each ``(label, overrides)`` group's overrides, validated over ``hparams``
+    (so cross-field rules see the group's whole setting): its keys only."""
+    out = []
+    for label, overrides in groups:
+        merged = validate_hparams(schema, {**hparams, **overrides}, label) if overrides else {}
+        out.append({k: merged[k] for k in overrides})
+    return out
+
+
 def _strict(annotation: Any, default: Any = inspect.Parameter.empty) -> Any:
     """A signature's annotation with optcore's value rules (:mod:`._values`),
     member by member through unions, tuples and lists."""

@@ -4,8 +4,10 @@ calls one build makes, so a config travels down the layers and never back up."""
 
 from __future__ import annotations
 
+import json
 import sys
 import tomllib
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ import optcore
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path(optcore.__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import road  # noqa: E402 - benchmarks/road.py: the tracer the architecture page's figure comes from
 
 
 def _layers() -> dict[str, int]:
@@ -28,77 +32,64 @@ def _layers() -> dict[str, int]:
     return ranks
 
 
-def _core_module(filename: str) -> str | None:
-    try:
-        rel = Path(filename).resolve().relative_to(PACKAGE)
-    except ValueError:
-        return None
-    parts = rel.with_suffix("").parts
-    return "optcore." + parts[0] if parts[0] != "__init__" else "optcore"
+CORE = {"optcore"} | {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+RESULTS = json.loads((ROOT / "docs" / "results" / "road.json").read_text())
+PLUGINS_INSTALLED = any(s.qualified == "optcore-lion:Lion" for s in optcore.list_optimizers(all=True)) and any(
+    s.name == "FP16Optimizer" for s in optcore.list_optimizers()
+)
+needs_plugins = pytest.mark.skipif(not PLUGINS_INSTALLED, reason="optcore-lion and optcore-fp16 are not installed")
+CONFIGS = [road.CONFIGS[0], pytest.param(road.CONFIGS[1], marks=needs_plugins)]
 
 
-#: Upward calls that are callbacks, not imports: the registry hands each spec the
-#: zero-argument loader of its class and schema (dependency inversion), and the
-#: spec calls it on first use.
-CALLBACKS = {("optcore._spec", "optcore._registry"), ("optcore._spec", "optcore._plugins")}
-
-
-def _trace(fn) -> list[tuple[str, str]]:
-    """The (caller, callee) module pairs of every call between two optcore modules
-    (callbacks of :data:`CALLBACKS` that are loaders are left out)."""
-    edges: list[tuple[str, str]] = []
-
-    def profile(frame, event, arg):
-        if event != "call":
-            return
-        callee = _core_module(frame.f_code.co_filename)
-        caller = _core_module(frame.f_back.f_code.co_filename) if frame.f_back else None
-        if callee and caller and callee != caller:
-            if (caller, callee) in CALLBACKS and frame.f_back.f_code.co_name in ("target", "schema", "capabilities"):
-                return  # a spec loading its class or schema through the loader it was given
-            edges.append((caller, callee))
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return edges
-
-
-CONFIGS = [
-    {"type": "AdamW", "lr": 1e-3, "betas": "(0.9, 0.98)", "param_groups": [{"params": r"^0\.", "lr_scale": 2.0}]},
-    pytest.param(
-        {"type": "optcore-lion:Lion", "lr": 1e-4, "precision": "fp16"},
-        marks=pytest.mark.skipif(
-            not any(s.qualified == "optcore-lion:Lion" for s in optcore.list_optimizers(all=True))
-            or not any(s.name == "FP16Optimizer" for s in optcore.list_optimizers()),
-            reason="optcore-lion and optcore-fp16 are not installed",
-        ),
-    ),
-]
+def _core(hops: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The hops between two core modules."""
+    return [(a, b) for a, b in hops if a in CORE and b in CORE]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_a_build_walks_down_the_layers(config):
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    if config.get("precision"):
-        model = model.half()
-    optcore.build_optimizer(dict(config), model)  # warm: plugin imports and lazy names happen once
-    edges = _trace(lambda: optcore.build_optimizer(dict(config), model))
+    hops = _core(road.road(config))
     ranks = _layers()
-    assert edges, "the trace saw no call between optcore modules"
-    upward = sorted({(a, b) for a, b in edges if a in ranks and b in ranks and ranks[a] > ranks[b]})
+    assert hops, "the trace saw no call between optcore modules"
+    upward = sorted({(a, b) for a, b in hops if ranks.get(f"optcore.{a}", -1) > ranks.get(f"optcore.{b}", 99)})
     assert not upward, f"calls that climb the layers: {upward}"
     # The road enters the package's __init__ only through the public entry point.
-    assert all(b != "optcore" for _, b in edges)
-    hops = [b for i, (a, b) in enumerate(edges) if i == 0 or edges[i - 1] != (a, b)]
-    print(f"{len(hops)} hops over {len({b for _, b in edges})} modules")
+    assert all(b != "optcore" for _, b in hops)
+
+
+@needs_plugins
+def test_the_road_is_the_one_the_architecture_page_shows():
+    """docs/architecture.md renders docs/results/road.json (``python benchmarks/road.py --json ...``);
+    a change of the road must regenerate it."""
+    assert [r["config"] for r in RESULTS["roads"]] == road.CONFIGS
+    for config, shown in zip(road.CONFIGS, RESULTS["roads"]):
+        assert [list(h) for h in road.road(config)] == shown["hops"], f"rerun: {RESULTS['command']}"
+
+
+def test_each_module_is_entered_once():
+    """Each core module is entered at one step of the road. Two steps need one
+    twice: validation (``_schema``, with ``_literals`` under it), for the
+    hyper-parameters and then for the built groups' overrides, which need the
+    first; and discovery (``_plugins``), once per entry-point group (hook
+    plugins, then optimizers)."""
+    entered = Counter(b for _, b in _core(road.road(road.CONFIGS[0])))
+    assert {m: n for m, n in entered.items() if n > 1} == {"_schema": 2, "_literals": 2, "_plugins": 2}
+
+
+@needs_plugins
+def test_a_wrapper_adds_its_own_resolution_and_validation_only():
+    """The precision shorthand walks the inner optimizer's road once: the
+    wrapper adds one resolution and one validation (of its own options)."""
+    wrapped = Counter(b for _, b in _core(road.road(road.CONFIGS[1])))
+    alone = {k: v for k, v in road.CONFIGS[1].items() if k != "precision"}
+    plain = Counter(b for _, b in _core(road.road(alone, half=True)))
+    assert wrapped - plain == Counter(["_registry", "_resolution", "_import_paths", "_plugins", "_names", "_spec", "_schema"])
+    assert not plain - wrapped
 
 
 def _calls(config, model) -> list[tuple[str, str]]:
     optcore.build_optimizer(dict(config), model)  # warm
-    return _trace(lambda: optcore.build_optimizer(dict(config), model))
+    return road.trace(lambda: optcore.build_optimizer(dict(config), model))
 
 
 def test_the_road_does_not_grow_with_the_model():

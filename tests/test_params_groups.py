@@ -11,7 +11,8 @@ import torch
 
 import optcore
 from optcore import ConfigError
-from optcore._group_rules import lr_scale_value, no_decay_flag
+from optcore._config import no_decay_flag
+from optcore._group_rules import lr_scale_value
 from optcore._params import build_param_groups
 
 

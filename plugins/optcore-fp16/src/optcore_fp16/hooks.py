@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import optcore
 from optcore import ConfigError, hookimpl, validate_hparams
 
 from .schemas import PrecisionOptions
@@ -28,8 +27,8 @@ def optcore_rewrite_config(config: dict[str, Any]) -> dict[str, Any] | None:
     given = {k: config[k] for k in KEYS if k in config}
     if not given:
         return None
-    if _is_wrapper(config.get("type")):
-        return None  # the wrapper form: precision and loss_scaler are the wrapper's own options
+    if "optimizer" in config:
+        return None  # the wrapper form (API.md): precision and loss_scaler are the wrapper's own options
     name = str(config.get("type"))
     rest = {k: v for k, v in config.items() if k not in KEYS}
     opts = validate_hparams(PrecisionOptions, {k: v for k, v in given.items() if v is not None}, f"{name} (precision options)")
@@ -56,9 +55,3 @@ def optcore_config_keys() -> dict[str, Any]:
     """JSON Schema of the shorthand keys (an object schema), for exported config-file schemas."""
     return PrecisionOptions.model_json_schema()
 
-
-def _is_wrapper(type_name: Any) -> bool:
-    try:
-        return optcore.resolve(type_name).is_wrapper
-    except optcore.OptcoreError:
-        return False  # the core reports a bad type with its own message

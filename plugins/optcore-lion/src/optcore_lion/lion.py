@@ -202,8 +202,9 @@ class Lion(Optimizer):
         if not isinstance(group["params"], (Tensor, set)):
             group["params"] = list(group["params"])
         own = {k: v for k, v in group.items() if k in LionConfig.model_fields}
-        validated = _keep_tensor_lr(own, validate_hparams(self.config_schema, own, "Lion"))
-        group.update({k: v for k, v in validated.items() if k in own})
+        if own:  # a group of only params (a build's usual case) inherits the validated defaults
+            validated = _keep_tensor_lr(own, validate_hparams(self.config_schema, own, "Lion"))
+            group.update({k: v for k, v in validated.items() if k in own})
         _check_flags({**self.defaults, **group})
         for p in [group["params"]] if isinstance(group["params"], Tensor) else group["params"]:
             if isinstance(p, Tensor) and p.is_complex():
