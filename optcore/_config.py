@@ -83,6 +83,7 @@ def merge_kwargs(cfg: dict[str, Any], key: str) -> None:
 
 #: Keys about the parameters, not the optimizer: a wrapper hands them inward.
 PARAM_KEYS = ("param_groups", "no_decay", "optim_args")
+MAX_CHAIN = 8
 
 
 def chain(config: Any, rewrite_hook: Any = None) -> list[dict[str, Any]]:
@@ -93,6 +94,12 @@ def chain(config: Any, rewrite_hook: Any = None) -> list[dict[str, Any]]:
     next, the parameter keys handed to the innermost, its ``optim_args`` merged."""
     links = [_rewritten(typed_config(config), rewrite_hook)]
     while "optimizer" in links[-1]:
+        if len(links) == MAX_CHAIN:
+            raise ConfigError(
+                f"The config nests wrappers more than {MAX_CHAIN} deep; if you did not write that, a hook plugin "
+                f"rewrites its own output (chain: {[link['type'] for link in links]}).",
+                problems=[("optimizer", "nested too deep")],
+            )
         outer = links[-1]
         inner = _rewritten(typed_config(outer.pop("optimizer")), rewrite_hook)
         for key in PARAM_KEYS:

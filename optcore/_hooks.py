@@ -26,7 +26,8 @@ class OptcoreHookSpecs:
         """Turn config keys this plugin owns into plain config, before resolution:
         return the config to use instead of ``config`` (a fresh dict with
         ``type``), or ``None`` when none of its keys are present. Plugins run in
-        turn, each seeing the previous one's result."""
+        turn, each seeing the previous one's result; each optimizer of a wrapper
+        chain gets its turn (a config with ``optimizer`` is the wrapper's)."""
 
     @hookspec
     def optcore_config_keys(self) -> dict[str, Any] | None:

@@ -201,6 +201,33 @@ def optcore_optimizer_built(optimizer, config):
     assert head["lr"] == pytest.approx(0.1)
 
 
+def test_a_rewrite_hook_gets_each_optimizer_of_a_chain_and_its_mistakes_are_named(fake_plugins, model):
+    fake_plugins("optcore-rewrite", "optcore_rewrite_fake", """
+import optcore
+seen = []
+
+@optcore.hookimpl
+def optcore_rewrite_config(config):
+    seen.append(config["type"])
+    if config.get("lr") == "bad":
+        return ["not", "a", "config"]
+    if config.get("lr") == "loop" and "optimizer" not in config:
+        return {"type": "FP16Optimizer", "optimizer": dict(config)}  # wraps its own output again and again
+    return None
+""", {"optcore.hooks": {"rewrite": "optcore_rewrite_fake"}})
+    import optcore_rewrite_fake
+
+    with pytest.raises(optcore.ConfigError, match="optcore-rewrite.*not an optimizer config"):
+        optcore.plan({"type": "SGD", "lr": "bad"})
+    with pytest.raises(optcore.ConfigError, match="more than 8 deep.*rewrites its own output"):
+        optcore.plan({"type": "SGD", "lr": "loop"})
+    if not any(s.name == "FP16Optimizer" for s in optcore.list_optimizers()):
+        return
+    optcore_rewrite_fake.seen.clear()
+    optcore.plan({"type": "FP16Optimizer", "optimizer": {"type": "SGD", "lr": 0.1}})
+    assert optcore_rewrite_fake.seen == ["FP16Optimizer", "SGD"]  # each link once
+
+
 def test_build_returns_optimizer_and_optional_scheduler(model):
     opt, sched = optcore.build({"optimizer": {"type": "SGD", "lr": 0.1}}, model)
     assert sched is None and isinstance(opt, torch.optim.SGD)
