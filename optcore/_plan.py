@@ -69,8 +69,9 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
     for spec, cfg, inner in zip(specs, links, specs[1:]):
         if not spec.is_wrapper:
             raise ConfigError(
-                f"{spec.name} does not wrap another optimizer, so 'optimizer' is not one of its keys; give the "
-                "optimizer's hyper-parameters directly, or use a wrapper type such as FP16Optimizer.",
+                f"{spec.name} is not a wrapper optcore builds (its class declares no wraps_optimizer), so "
+                "'optimizer' is not one of its keys: give its hyper-parameters directly, or use a wrapper type "
+                "such as FP16Optimizer.",
                 problems=[("optimizer", f"{spec.name} is not a wrapper")],
             )
         hparams = validate_hparams(spec.schema, cfg, spec.name)

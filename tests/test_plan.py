@@ -160,3 +160,13 @@ def test_a_bad_field_for_a_shadowed_name_names_the_other_providers():
     message = str(caught.value)
     assert "unknown field" in message and "'Adafactor' resolved to torch:Adafactor (torch)" in message
     assert "'optcore-adafactor:Adafactor'" in message and caught.value.problems[0][0] == "beta1"
+
+
+def test_an_optimizer_key_on_a_class_that_wraps_nothing_is_named():
+    """``{"type": X, "optimizer": ...}`` is the wrapper form (API.md); for a class
+    that declares no ``wraps_optimizer`` the error says so, from plan and check alike."""
+    config = {"type": "AdamW", "optimizer": {"type": "SGD"}}
+    with pytest.raises(optcore.ConfigError, match="AdamW is not a wrapper optcore builds") as info:
+        optcore.plan(dict(config))
+    assert info.value.problems[0][0] == "optimizer"
+    assert "not a wrapper" in check_config(dict(config))[0]
