@@ -143,14 +143,14 @@ def build_param_groups(
         overrides: dict[str, Any] = {"weight_decay": 0.0} if no_decay_here else {}
         overrides.update(matched)
         key = tuple(sorted((k, _hashable(v)) for k, v in overrides.items()))
-        label = "no_decay" if no_decay_here else None
-        buckets.setdefault(key, {"overrides": overrides, "params": [], "label": label})["params"].append(p)
+        buckets.setdefault(key, {"overrides": overrides, "params": []})["params"].append(p)
 
     groups = []
     for i, bucket in enumerate(buckets.values()):
         group = {**bucket["overrides"], "params": bucket["params"]}
-        if "name" not in group and len(buckets) > 1:
-            group["name"] = bucket["label"] or ("decay" if decay_split and i == 0 else f"group{i}")
+        if "name" not in group and len(buckets) > 1:  # unique: no two buckets have the same overrides
+            split = {(): "decay", (("weight_decay", 0.0),): "no_decay"} if decay_split else {}
+            group["name"] = split.get(tuple(bucket["overrides"].items()), f"group{i}")
         groups.append(group)
     return groups
 

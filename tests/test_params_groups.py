@@ -93,3 +93,14 @@ def test_many_parameter_names_are_listed_in_part():
     with pytest.raises(ConfigError) as info:
         optcore.build_optimizer({"type": "SGD", "param_groups": [{"params": "^nope", "lr": 1.0}]}, model)
     assert "(40 in all)" in str(info.value) and "19.bias" not in str(info.value)
+
+
+def test_default_group_names_are_unique_when_regex_groups_meet_the_no_decay_split():
+    """"decay" and "no_decay" name only the split's own groups; a group a regex
+    also changes is ``group<i>``, so ``step(groups="no_decay")`` selects one group."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    groups = optcore.build_param_groups(model, [{"params": r"^0\.", "lr_scale": 2.0}], weight_decay=0.01)
+    names = [g["name"] for g in groups]
+    assert len(set(names)) == len(names) == 3
+    assert {n: len(g["params"]) for n, g in zip(names, groups)} == {"group0": 1, "group1": 1, "no_decay": 2}
+    assert [g["name"] for g in optcore.build_param_groups(model, weight_decay=0.01)] == ["decay", "no_decay"]
