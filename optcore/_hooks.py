@@ -27,7 +27,9 @@ class OptcoreHookSpecs:
         return the config to use instead of ``config`` (a fresh dict with
         ``type``), or ``None`` when none of its keys are present. Plugins run in
         turn, each seeing the previous one's result; each optimizer of a wrapper
-        chain gets its turn (a config with ``optimizer`` is the wrapper's)."""
+        chain gets its turn (a config with ``optimizer`` is the wrapper's).
+        Implement it plainly: optcore calls each implementation itself, so
+        ``wrapper=True`` implementations are not supported for this hook."""
 
     @hookspec
     def optcore_config_keys(self) -> dict[str, Any] | None:
@@ -42,7 +44,8 @@ class OptcoreHookSpecs:
 
     @hookspec
     def optcore_optimizer_built(self, optimizer: Any, config: dict[str, Any]) -> None:
-        """Observe every optimizer ``build_optimizer`` returns (logging, checks)."""
+        """Observe every optimizer ``build_optimizer`` builds (logging, checks): the
+        one that steps, so under a precision wrapper the inner optimizer."""
 
 
 _manager: tuple[Any, pluggy.PluginManager] | None = None
