@@ -50,6 +50,8 @@ class OptcoreHookSpecs:
 
 _manager: tuple[Any, pluggy.PluginManager] | None = None
 _lock = threading.Lock()
+#: distribution -> why its hook plugin failed to load (warned once per manager)
+_failures: dict[str, str] = {}
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -64,6 +66,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
         if _manager is None or _manager[0] is not entries:
             pm = pluggy.PluginManager("optcore")
             pm.add_hookspecs(OptcoreHookSpecs)
+            _failures.clear()
             for entry in entries:
                 try:
                     plugin = entry.load()
@@ -73,6 +76,13 @@ def get_plugin_manager() -> pluggy.PluginManager:
                     if not isinstance(exc, PluginLoadError):
                         exc = PluginLoadError(entry.distribution, f"{HOOKS_GROUP}:{entry.name}", exc, entry.version)
                     warnings.warn(str(exc), RuntimeWarning, stacklevel=1)
+                    _failures[entry.distribution or entry.module] = f"{type(exc.cause).__name__}: {exc.cause}"
             _manager = (entries, pm)
         return _manager[1]
+
+
+def load_failure(distribution: str) -> str | None:
+    """Why ``distribution``'s hook plugin failed to load in this process, or ``None``."""
+    get_plugin_manager()
+    return _failures.get(distribution)
 

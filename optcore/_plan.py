@@ -17,8 +17,9 @@ import torch
 from ._config import chain
 from ._errors import ConfigError
 from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, check_config
-from ._hooks import get_plugin_manager
+from ._hooks import get_plugin_manager, load_failure
 from ._params import build_param_groups
+from ._plugins import HOOKS_GROUP, switched_off
 from ._registry import resolve
 from ._schema import validate_groups, validate_hparams
 from ._spec import OptimizerSpec
@@ -128,12 +129,21 @@ def _reject_plugin_keys(spec: OptimizerSpec, cfg: dict[str, Any]) -> None:
         needs = sorted({PLUGIN_KEY_HINTS[k] for k in stray})
         raise ConfigError(
             f"{stray} are not hyper-parameters of {spec.name}: they are config keys of the "
-            f"{' and '.join(needs)} plugin, and no installed plugin claims them. Install it "
-            f"(`pip install {' '.join(needs)}`, or `pip install ./plugins/<name>` in optcore's repository), "
-            "or drop the keys.",
+            f"{' and '.join(needs)} plugin, and no plugin in use claims them. "
+            + " ".join(_why_unclaimed(dist) for dist in needs) + " Or drop the keys.",
             problems=[(k, f"needs {PLUGIN_KEY_HINTS[k]}") for k in stray],
             target=spec.name,
         )
+
+
+def _why_unclaimed(distribution: str) -> str:
+    """What to do about a plugin that claims no key: installed but off or broken, or not installed."""
+    failed, off = load_failure(distribution), switched_off(distribution, HOOKS_GROUP)
+    if failed:
+        return f"{distribution} is installed and failed to load ({failed}): reinstall or upgrade it."
+    if off:
+        return f"{distribution} is installed, but {off}."
+    return f"Install it (`pip install {distribution}`, or `pip install ./plugins/<name>` in optcore's repository)."
 
 
 def _check_overrides(plan_: BuildPlan, groups: list[dict[str, Any]]) -> None:

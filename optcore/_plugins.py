@@ -158,14 +158,39 @@ def _discover(group: str, allowed: frozenset[str] | None, path: tuple[str, ...])
     return tuple(entries.values())
 
 
+def _switches() -> tuple[bool, frozenset[str] | None]:
+    """(discovery off, the names ``OPTCORE_PLUGINS`` allows or ``None`` for all)."""
+    off = os.environ.get("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in {"", "0", "false", "no"}
+    raw = os.environ.get("OPTCORE_PLUGINS", "")
+    return off, frozenset(normalize(part) for part in raw.split(",") if part.strip()) if raw.strip() else None
+
+
 def entry_points(group: str) -> tuple[PluginEntry, ...]:
     """The entry points of ``group`` (cached per ``sys.path``; honours the
     environment switches)."""
-    if os.environ.get("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in {"", "0", "false", "no"}:
-        return ()
-    raw = os.environ.get("OPTCORE_PLUGINS", "")
-    allowed = frozenset(normalize(part) for part in raw.split(",") if part.strip()) if raw.strip() else None
-    return _discover(group, allowed, tuple(sys.path))
+    off, allowed = _switches()
+    return () if off else _discover(group, allowed, tuple(sys.path))
+
+
+def switches_note() -> str | None:
+    """The environment switch that narrows discovery, for a "looked in" message."""
+    off, allowed = _switches()
+    if off:
+        return "no plugin: OPTCORE_DISABLE_PLUGIN_AUTOLOAD is set"
+    return None if allowed is None else f"only the plugins OPTCORE_PLUGINS={os.environ['OPTCORE_PLUGINS']!r} names"
+
+
+def switched_off(distribution: str, group: str) -> str | None:
+    """Why the installed ``distribution``'s entry points in ``group`` are not in
+    use (the environment switch that leaves them out), or ``None``: in use, or none installed."""
+    key = normalize(distribution)
+    mine = [e.name for e in _scan(tuple(sys.path)).get(group, ()) if normalize(e.distribution or "") == key]
+    off, allowed = _switches()
+    if mine and off:
+        return "OPTCORE_DISABLE_PLUGIN_AUTOLOAD is set, which turns plugin discovery off: unset it"
+    if mine and allowed is not None and key not in allowed and all(normalize(n) not in allowed for n in mine):
+        return f"OPTCORE_PLUGINS={os.environ['OPTCORE_PLUGINS']!r} leaves out its {group} entry points: add {distribution} to it"
+    return None
 
 
 def refresh() -> None:

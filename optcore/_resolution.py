@@ -21,7 +21,7 @@ from ._import_paths import ImportPaths, import_paths_allowed
 from ._values import short_repr
 from ._names import MAX_NAME_LENGTH, close_matches, normalize
 from ._packages import PackageRegistries
-from ._plugins import entry_points
+from ._plugins import entry_points, switches_note
 from ._spec import OptimizerSpec
 
 SOURCES = ("torch", "package", "builtin", "plugin", "user")
@@ -200,6 +200,7 @@ class Registry(ImportPaths):
 
     def _searched(self) -> list[str]:
         where = [f"{self.kind}s of torch, installed packages, register_{self.kind}() and plugins ({self.group})"]
+        where += [note] if (note := switches_note()) else []
         if self.asked is not None:
             where += [f"{dist}'s registry (unreadable: {why})" for dist, why in self.asked.failures.items()]
         return where

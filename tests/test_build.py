@@ -156,6 +156,38 @@ def test_precision_without_plugin_is_a_clear_error(model, monkeypatch):
         plugins.refresh()
 
 
+def test_a_plugin_key_nobody_claims_says_why_the_plugin_is_not_in_use(monkeypatch, fake_plugins):
+    """Installed but switched off, installed but broken, or not installed: three fixes, three messages."""
+    config = {"type": "AdamW", "lr": 1e-3, "precision": "fp16"}
+    monkeypatch.setenv("OPTCORE_PLUGINS", "optcore-lion")
+    with pytest.raises(optcore.ConfigError, match=r"optcore-fp16 is installed, but OPTCORE_PLUGINS='optcore-lion' leaves out its optcore.hooks entry points"):
+        optcore.plan(config)
+    monkeypatch.setenv("OPTCORE_PLUGINS", "optcore-lion,FP16Optimizer")  # the wrapper's entry point, not the hook's
+    with pytest.raises(optcore.ConfigError, match=r"'optcore-lion,FP16Optimizer' leaves out its optcore.hooks entry"):
+        optcore.plan(config)
+    monkeypatch.setenv("OPTCORE_PLUGINS", "optcore-lion,optcore-fp16")
+    assert optcore.plan(config).spec.name == "FP16Optimizer"
+    monkeypatch.setenv("OPTCORE_PLUGINS", "fp16")  # the hook's entry point only: the key is claimed, the wrapper left out
+    with pytest.raises(optcore.OptimizerNotFoundError, match="only the plugins OPTCORE_PLUGINS='fp16' names"):
+        optcore.plan(config)
+    monkeypatch.delenv("OPTCORE_PLUGINS")
+    monkeypatch.setenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    with pytest.raises(optcore.ConfigError, match="installed, but OPTCORE_DISABLE_PLUGIN_AUTOLOAD is set") as info:
+        optcore.plan(config)
+    assert "pip install" not in str(info.value)
+    with monkeypatch.context() as patch:
+        patch.setattr("optcore._plan.PLUGIN_KEY_HINTS", {"precision": "optcore-not-installed"})
+        with pytest.raises(optcore.ConfigError, match=r"Install it \(`pip install optcore-not-installed`"):
+            optcore.plan(config)
+    monkeypatch.delenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD")
+    # first on sys.path, this broken distribution stands in for the installed optcore-fp16
+    fake_plugins("optcore-fp16", "optcore_fp16_broken", "raise RuntimeError('broken on purpose')",
+                 {"optcore.hooks": {"fp16": "optcore_fp16_broken"}})
+    with pytest.warns(RuntimeWarning, match="optcore-fp16"):
+        with pytest.raises(optcore.ConfigError, match=r"optcore-fp16 is installed and failed to load \(RuntimeError: broken on purpose\)"):
+            optcore.plan(config)
+
+
 def test_constructor_errors_become_config_errors(model):
     def factory(params, lr=0.1):
         raise ValueError("this factory refuses")
