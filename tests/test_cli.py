@@ -51,6 +51,31 @@ def test_check(tmp_path, capsys, suffix, text, ok):
         assert capsys.readouterr().err.strip()
 
 
+def test_check_names_each_bad_file_and_checks_the_rest(tmp_path, capsys):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.json"
+    good.write_text("type: SGD\nlr: 0.1\n")
+    bad.write_text('{"type": "AdamW", "lr": -1}')
+    assert main(["check", str(bad), str(tmp_path / "missing.yaml"), str(good)]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"{good}: OK\n"
+    assert f"{bad}: 1 error\n  Invalid configuration for AdamW:" in err and f"{tmp_path / 'missing.yaml'}: 1 error" in err
+    assert err.rstrip().endswith("2 of 3 files failed")
+
+
+def test_the_check_transcript_in_the_docs_is_what_check_prints(capsys, monkeypatch):
+    """docs/cli.md shows a run of `optcore check`: run it, and compare every line."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "cli.md").read_text()
+    block = page.split("```text\n$ optcore check ", 1)[1].split("```", 1)[0]
+    command, _, shown = block.partition("\n")
+    monkeypatch.chdir(root)
+    assert main(["check", *command.split()]) == 1
+    out, err = capsys.readouterr()
+    assert out + err == shown
+
+
 def test_schema_export(capsys):
     assert main(["schema", "AdamW"]) == 0
     schema = json.loads(capsys.readouterr().out)

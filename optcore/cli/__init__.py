@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", action="store_true", help="NAME is a scheduler")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("check", help="validate a JSON/YAML/TOML config exactly as a build would (exit 1 on errors)")
-    p.add_argument("config")
+    p = sub.add_parser("check", help="validate JSON/YAML/TOML configs exactly as a build would (exit 1 on errors)")
+    p.add_argument("config", nargs="+", metavar="FILE")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("schema", help="JSON Schema of config files (for editor completion and CI checks)")

@@ -1,4 +1,4 @@
-"""``optcore check FILE``: the build's own validation, without parameters.
+"""``optcore check FILE...``: the build's own validation, without parameters.
 
 Every optimizer config in the file goes through :func:`optcore.plan` (the
 road every build takes), every scheduler config through
@@ -55,15 +55,23 @@ def check_config(data: Any, *, allow_import_paths: bool | None = None) -> list[s
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Each file checked on its own (``optcore check configs/*.yaml`` in CI): a
+    bad one is named with its errors, and the others are still checked."""
     from ..files import load_config_file
 
-    try:
-        errors = check_config(load_config_file(args.config))
-    except OptcoreError as exc:
-        errors = [str(exc)]
-    if errors:
-        for e in errors:
-            print(e, file=sys.stderr)
-        return 1
-    print(f"{args.config}: OK")
-    return 0
+    failed = 0
+    for path in args.config:
+        try:
+            errors = check_config(load_config_file(path))
+        except OptcoreError as exc:
+            errors = [str(exc)]
+        if errors:
+            failed += 1
+            print(f"{path}: {len(errors)} error{'s' if len(errors) > 1 else ''}", file=sys.stderr)
+            for e in errors:
+                print("  " + e.replace("\n", "\n  "), file=sys.stderr)
+        else:
+            print(f"{path}: OK")
+    if failed and len(args.config) > 1:
+        print(f"{failed} of {len(args.config)} files failed", file=sys.stderr)
+    return 1 if failed else 0
