@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -187,21 +187,22 @@ class ContractMixin:
             self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
 
     def _select_groups(self, groups: GroupSelector) -> list[dict[str, Any]]:
-        """The groups named by index or config ``name``; ``None`` selects all."""
+        """The groups named by index or config ``name`` (every group of that name:
+        a named config group may be split, its biases and norms without decay);
+        ``None`` selects all."""
         if groups is None:
             return list(self.param_groups)
         names, count = [g.get("name") for g in self.param_groups], len(self.param_groups)
         selected: list[dict[str, Any]] = []
-        for key in [groups] if isinstance(groups, (int, str)) else groups:
-            index = names.index(key) if isinstance(key, str) and key in names else key
-            if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
-                known = [n for n in names if n is not None]
+        for key in groups if isinstance(groups, Iterable) and not isinstance(groups, str) else [groups]:
+            indices = [i for i, n in enumerate(names) if n == key] if isinstance(key, str) else [key]
+            if not indices or any(isinstance(i, bool) or not isinstance(i, int) or not -count <= i < count for i in indices):
+                known = list(dict.fromkeys(n for n in names if n is not None))
                 raise ConfigError(
                     f"step(groups=...) names unknown group {key!r}; groups are selected by "
                     f"index (0..{count - 1}) or by name ({known or 'none named'})."
                 )
-            if all(self.param_groups[index] is not g for g in selected):
-                selected.append(self.param_groups[index])
+            selected += [self.param_groups[i] for i in indices if all(self.param_groups[i] is not g for g in selected)]
         return selected
 
     #: LBFGS-like classes re-evaluate the closure inside their step.

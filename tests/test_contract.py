@@ -92,6 +92,10 @@ def test_groups_selection(model):
         opt.step(groups=["nope"])
     with pytest.raises(optcore.ConfigError, match="index"):
         opt.step(groups=[7])
+    for bad in (1.0, True, [None]):  # neither an index nor a name: a ConfigError, not a TypeError
+        with pytest.raises(optcore.ConfigError, match="unknown group"):
+            opt.step(groups=bad)
+    opt.step(groups=(g for g in ["head", 0]))  # any iterable of names and indices
 
 
 def test_adapted_optimizers_pickle_and_keep_hooks_single(model):

@@ -104,3 +104,24 @@ def test_default_group_names_are_unique_when_regex_groups_meet_the_no_decay_spli
     assert len(set(names)) == len(names) == 3
     assert {n: len(g["params"]) for n, g in zip(names, groups)} == {"group0": 1, "group1": 1, "no_decay": 2}
     assert [g["name"] for g in optcore.build_param_groups(model, weight_decay=0.01)] == ["decay", "no_decay"]
+
+
+def test_a_name_the_config_gives_is_never_a_default_one_and_selects_all_its_groups():
+    """A regex group named ``head`` whose bias goes without decay is two groups,
+    both ``head``: ``step(groups="head")`` steps both. A default name yields to
+    one the config gave (a config group named ``no_decay`` keeps it alone)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    taken = optcore.build_param_groups(
+        model, [{"params": r"^0\.weight", "name": "no_decay"}, {"params": r"^1\.bias", "name": "group1", "lr": 0.1}],
+        weight_decay=0.01,
+    )
+    assert [(g["name"], len(g["params"])) for g in taken] == [("no_decay", 1), ("group1_0", 2), ("group1", 1)]
+    opt = optcore.build_optimizer(
+        {"type": "AdamW", "lr": 0.1, "weight_decay": 0.01, "param_groups": [{"params": r"^0\.", "name": "head"}]}, model
+    )
+    assert [(g["name"], g["weight_decay"]) for g in opt.param_groups] == [("head", 0.01), ("head", 0.0), ("no_decay", 0.0)]
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(3, 4)).pow(2).sum().backward()
+    opt.step(groups="head")
+    changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters())]
+    assert changed == [True, True, False, False]  # the Linear's weight and bias; not the LayerNorm's

@@ -212,7 +212,9 @@ def check_groups(config: dict[str, Any], inputs: ConformanceInputs, dtype: torch
     assert "head" in names, f"named group missing: {names}"
     if not opt.supports_groups:
         return
-    head_ids = {id(p) for p in opt.param_groups[names.index("head")]["params"]}
+    # every group of the name: the regex's biases may be split off without decay
+    head_ids = {id(p) for g in opt.param_groups if g.get("name") == "head" for p in g["params"]}
+    assert head_ids == {id(p) for p in m.fc2.parameters()}, "the groups named 'head' are not what its regex matched"
     model_all = model(inputs, dtype=dtype)
     opt_all = build(cfg, model_all)
     for mm, o in ((m, opt), (model_all, opt_all)):  # a first full step (ADOPT only initialises on it)
