@@ -103,6 +103,14 @@ def test_show_says_types_and_constraints_as_a_reader_writes_them(capsys):
     fields = {f["field"]: f for f in json.loads(capsys.readouterr().out)["fields"]}
     assert fields["lr"]["constraints"] == ">= 0.0, finite" and fields["d"]["constraints"] == "> 0.0"
     assert fields["foreach"]["type"] == "bool | None" and fields["maximize"]["constraints"] == ""
+    # a tuple's constraints are its members'
+    assert fields["eps"]["type"] == "tuple[float | None, float]" and fields["eps"]["constraints"] == "each >= 0.0"
+    assert main(["show", "optcore-lion:Lion", "--json"]) == 0
+    fields = {f["field"]: f for f in json.loads(capsys.readouterr().out)["fields"]}
+    assert fields["betas"]["constraints"] == "each >= 0.0, < 1.0, finite"
+    assert main(["show", "torch:Rprop", "--json"]) == 0
+    fields = {f["field"]: f for f in json.loads(capsys.readouterr().out)["fields"]}
+    assert fields["etas"]["constraints"] == "each > 0.0" and fields["step_sizes"]["constraints"] == "each >= 0.0"
     assert main(["show", "torch:Adafactor"]) == 0
     table = capsys.readouterr().out
     assert "0x" not in table and "Validator" not in table and "strict" not in table
@@ -111,3 +119,14 @@ def test_show_says_types_and_constraints_as_a_reader_writes_them(capsys):
     fields = {f["field"]: f for f in json.loads(capsys.readouterr().out)["fields"]}
     assert fields["implementation"]["type"] == "Literal['auto', 'c', 'torch', 'compiled']"
     assert fields["beta1"]["type"] == "float | None"
+
+
+def test_show_names_each_member_when_a_tuples_members_differ():
+    from typing import Annotated
+
+    from pydantic import Field
+
+    from optcore.cli._show import _member_constraints
+
+    assert _member_constraints(tuple[Annotated[float, Field(gt=0)], float]) == ["[0] > 0", "[1] any"]
+    assert _member_constraints(tuple[float, float]) == [] and _member_constraints(float) == []

@@ -70,7 +70,7 @@ def _schema_rows(schema: Any) -> list[dict[str, Any]]:
     rows = []
     ordered = sorted(schema.model_fields.items(), key=lambda item: item[0] in _SWITCHES)
     for name, info in ordered:
-        constraints = [c for c in map(_constraint, info.metadata) if c]
+        constraints = [c for c in map(_constraint, info.metadata) if c] or _member_constraints(info.annotation)
         rows.append(
             {
                 "field": name,
@@ -95,6 +95,22 @@ def _constraint(meta: Any) -> str:
     if getattr(meta, "allow_inf_nan", None) is False:
         bounds.append("finite")
     return ", ".join(bounds)
+
+
+def _member_constraints(annotation: Any) -> list[str]:
+    """A tuple's or list's constraints on its members (``betas``: each ``>= 0.0, < 1.0``)."""
+    if typing.get_origin(annotation) not in (tuple, list):
+        return []
+    parts = []
+    for member in (a for a in typing.get_args(annotation) if a is not Ellipsis):
+        union = typing.get_origin(member) in (typing.Union, types.UnionType)
+        extras = [x for m in (typing.get_args(member) if union else [member])
+                  if typing.get_origin(m) is typing.Annotated for x in typing.get_args(m)[1:]]
+        metadata = [m for extra in extras for m in getattr(extra, "metadata", [extra])]
+        parts.append(", ".join(c for c in map(_constraint, metadata) if c))
+    if not any(parts):
+        return []
+    return [f"each {parts[0]}"] if len(set(parts)) == 1 else [f"[{i}] {p or 'any'}" for i, p in enumerate(parts)]
 
 
 def _type_name(annotation: Any) -> str:
