@@ -12,7 +12,9 @@ from typing import Any
 import pluggy
 
 from ._errors import PluginLoadError
+from ._names import normalize
 from ._plugins import HOOKS_GROUP, entry_points
+from ._values import clean_text
 
 hookspec = pluggy.HookspecMarker("optcore")
 hookimpl = pluggy.HookimplMarker("optcore")
@@ -48,10 +50,9 @@ class OptcoreHookSpecs:
         one that steps, so under a precision wrapper the inner optimizer."""
 
 
-_manager: tuple[Any, pluggy.PluginManager] | None = None
+#: (the entries it was made from, the manager, normalised distribution -> why its hook plugin failed to load)
+_manager: tuple[Any, pluggy.PluginManager, dict[str, str]] | None = None
 _lock = threading.Lock()
-#: distribution -> why its hook plugin failed to load (warned once per manager)
-_failures: dict[str, str] = {}
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -66,7 +67,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
         if _manager is None or _manager[0] is not entries:
             pm = pluggy.PluginManager("optcore")
             pm.add_hookspecs(OptcoreHookSpecs)
-            _failures.clear()
+            failures: dict[str, str] = {}
             for entry in entries:
                 try:
                     plugin = entry.load()
@@ -76,13 +77,15 @@ def get_plugin_manager() -> pluggy.PluginManager:
                     if not isinstance(exc, PluginLoadError):
                         exc = PluginLoadError(entry.distribution, f"{HOOKS_GROUP}:{entry.name}", exc, entry.version)
                     warnings.warn(str(exc), RuntimeWarning, stacklevel=1)
-                    _failures[entry.distribution or entry.module] = f"{type(exc.cause).__name__}: {exc.cause}"
-            _manager = (entries, pm)
+                    cause = exc.cause if isinstance(exc.cause, str) else f"{type(exc.cause).__name__}: {exc.cause}"
+                    failures[normalize(entry.distribution or entry.module)] = clean_text(cause, 480)
+            _manager = (entries, pm, failures)
         return _manager[1]
 
 
 def load_failure(distribution: str) -> str | None:
     """Why ``distribution``'s hook plugin failed to load in this process, or ``None``."""
     get_plugin_manager()
-    return _failures.get(distribution)
+    current = _manager  # one snapshot: another thread may rebuild the manager
+    return current[2].get(normalize(distribution)) if current is not None else None
 

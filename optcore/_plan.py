@@ -19,7 +19,7 @@ from ._errors import ConfigError
 from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, check_config
 from ._hooks import get_plugin_manager, load_failure
 from ._params import build_param_groups
-from ._plugins import HOOKS_GROUP, switched_off
+from ._plugins import HOOKS_GROUP, declares, switched_off, switches_note
 from ._registry import resolve
 from ._schema import validate_groups, validate_hparams
 from ._spec import OptimizerSpec
@@ -137,13 +137,19 @@ def _reject_plugin_keys(spec: OptimizerSpec, cfg: dict[str, Any]) -> None:
 
 
 def _why_unclaimed(distribution: str) -> str:
-    """What to do about a plugin that claims no key: installed but off or broken, or not installed."""
+    """What to do about a plugin that claims no key: installed but off, broken or too old; or not installed."""
     failed, off = load_failure(distribution), switched_off(distribution, HOOKS_GROUP)
     if failed:
         return f"{distribution} is installed and failed to load ({failed}): reinstall or upgrade it."
     if off:
         return f"{distribution} is installed, but {off}."
-    return f"Install it (`pip install {distribution}`, or `pip install ./plugins/<name>` in optcore's repository)."
+    if declares(distribution, HOOKS_GROUP):
+        return f"{distribution} is installed and loaded, and claims none of them: upgrade it (`pip install -U {distribution}`)."
+    note = switches_note()
+    return (
+        f"Install it (`pip install {distribution}`, or `pip install ./plugins/<name>` in optcore's repository)"
+        + (f"; discovery now finds {note}, so let it find {distribution} too." if note else ".")
+    )
 
 
 def _check_overrides(plan_: BuildPlan, groups: list[dict[str, Any]]) -> None:

@@ -177,15 +177,29 @@ def test_a_plugin_key_nobody_claims_says_why_the_plugin_is_not_in_use(monkeypatc
     assert "pip install" not in str(info.value)
     with monkeypatch.context() as patch:
         patch.setattr("optcore._plan.PLUGIN_KEY_HINTS", {"precision": "optcore-not-installed"})
-        with pytest.raises(optcore.ConfigError, match=r"Install it \(`pip install optcore-not-installed`"):
+        with pytest.raises(optcore.ConfigError, match=r"Install it \(`pip install optcore-not-installed`") as info:
             optcore.plan(config)
-    monkeypatch.delenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD")
-    # first on sys.path, this broken distribution stands in for the installed optcore-fp16
-    fake_plugins("optcore-fp16", "optcore_fp16_broken", "raise RuntimeError('broken on purpose')",
+        # installing it would not be enough: the switch would hide it too
+        assert "discovery now finds no plugin: OPTCORE_DISABLE_PLUGIN_AUTOLOAD is set" in str(info.value)
+        monkeypatch.delenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD")
+        # a key of a plugin that is not installed (optcore-fp16, installed, claims only its own)
+        patch.setattr("optcore._plan.PLUGIN_KEY_HINTS", {"sugar": "optcore-not-installed"})
+        with pytest.raises(optcore.ConfigError, match=r"optcore-not-installed`, or .* repository\)\. Or drop the keys"):
+            optcore.plan({"type": "AdamW", "sugar": 1})
+        # installed and loaded, and its hooks claim nothing (an old version)
+        fake_plugins("optcore-silent", "optcore_silent_hooks", "", {"optcore.hooks": {"silent": "optcore_silent_hooks"}})
+        patch.setattr("optcore._plan.PLUGIN_KEY_HINTS", {"sugar": "optcore-silent"})
+        with pytest.raises(optcore.ConfigError, match=r"optcore-silent is installed and loaded, and claims none of them"):
+            optcore.plan({"type": "AdamW", "sugar": 1})
+    # first on sys.path, this broken distribution stands in for the installed optcore-fp16;
+    # its error is cleaned and cut for the message (no terminal escapes, no 3,000 characters)
+    fake_plugins("optcore-fp16", "optcore_fp16_broken", "raise RuntimeError('broken \\x1b[31m' + 'A' * 3000)",
                  {"optcore.hooks": {"fp16": "optcore_fp16_broken"}})
     with pytest.warns(RuntimeWarning, match="optcore-fp16"):
-        with pytest.raises(optcore.ConfigError, match=r"optcore-fp16 is installed and failed to load \(RuntimeError: broken on purpose\)"):
+        with pytest.raises(optcore.ConfigError, match=r"optcore-fp16 is installed and failed to load \(RuntimeError: broken ") as info:
             optcore.plan(config)
+    assert "\x1b" not in str(info.value) and len(str(info.value)) < 1000
+    assert optcore._hooks.load_failure("OPTCORE_FP16") == optcore._hooks.load_failure("optcore-fp16") is not None
 
 
 def test_constructor_errors_become_config_errors(model):
