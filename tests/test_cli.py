@@ -130,3 +130,7 @@ def test_show_names_each_member_when_a_tuples_members_differ():
 
     assert _member_constraints(tuple[Annotated[float, Field(gt=0)], float]) == ["[0] > 0", "[1] any"]
     assert _member_constraints(tuple[float, float]) == [] and _member_constraints(float) == []
+    positive = Annotated[float, Field(gt=0)]
+    # a union's alternatives (Adan's betas: two or three) share theirs; None adds none
+    assert _member_constraints(tuple[positive, positive] | tuple[positive, positive, positive] | None) == ["each > 0"]
+    assert _member_constraints(tuple[positive, positive] | tuple[float, float]) == []

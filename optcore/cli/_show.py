@@ -70,7 +70,7 @@ def _schema_rows(schema: Any) -> list[dict[str, Any]]:
     rows = []
     ordered = sorted(schema.model_fields.items(), key=lambda item: item[0] in _SWITCHES)
     for name, info in ordered:
-        constraints = [c for c in map(_constraint, info.metadata) if c] or _member_constraints(info.annotation)
+        constraints = [c for c in map(_constraint, info.metadata) if c] + _member_constraints(info.annotation)
         rows.append(
             {
                 "field": name,
@@ -98,7 +98,11 @@ def _constraint(meta: Any) -> str:
 
 
 def _member_constraints(annotation: Any) -> list[str]:
-    """A tuple's or list's constraints on its members (``betas``: each ``>= 0.0, < 1.0``)."""
+    """A tuple's or list's constraints on its members (``betas``: each ``>= 0.0, < 1.0``);
+    of a union (or an optional tuple), those all its alternatives share."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        found = {tuple(_member_constraints(a)) for a in typing.get_args(annotation) if a is not type(None)}
+        return list(found.pop()) if len(found) == 1 else []
     if typing.get_origin(annotation) not in (tuple, list):
         return []
     parts = []
