@@ -90,6 +90,18 @@ def test_unreadable_and_unknown_files_are_config_errors(tmp_path):
         load_config_file(write(tmp_path, "two.yaml", "a: 1\n---\nb: 2\n"))
 
 
+def test_a_parse_error_keeps_the_parsers_lines_and_names_the_file(tmp_path):
+    """YAML points at the column with a caret on the next line: the lines stay
+    lines (not escaped ``\\n``), each cleaned of control characters."""
+    path = write(tmp_path, "c.yaml", "lr: [1e-3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"Cannot parse {str(path)!r}: while parsing a flow sequence"
+    assert f"in {str(path)!r}, line 1, column 5:" in lines[1] and lines[3].strip() == "^"
+    assert "\\n" not in str(info.value) and "<unicode string>" not in str(info.value)
+
+
 def test_optcore_check_answers_a_billion_laughs_file_at_once(tmp_path):
     path = write(tmp_path, "laughs.yaml", LAUGHS)
     result = subprocess.run(

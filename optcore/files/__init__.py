@@ -88,4 +88,7 @@ def load_config_file(
     except MemoryError:
         raise
     except Exception as exc:  # parse errors of any of the three formats
-        raise ConfigError(f"Cannot parse {shown}: {clean_text(str(exc), 600)}") from None
+        # line by line, as the parser wrote it (YAML's caret under the column), each line cleaned
+        lines = str(exc).replace('"<unicode string>"', shown).splitlines()
+        detail = "\n".join(clean_text(line, 200) for line in lines[:12]) + ("\n..." if len(lines) > 12 else "")
+        raise ConfigError(f"Cannot parse {shown}: {detail}", problems=[("<file>", "cannot be parsed")]) from None
