@@ -87,9 +87,10 @@ class PluginLoadError(OptcoreError, ImportError):
         dist = clean_text(distribution) if distribution else "<unknown distribution>"
         if version:
             dist = f"{dist} {clean_text(version)}"
-        detail = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else cause
+        #: the cause in one line, cleaned and cut: what a message may quote
+        self.detail = clean_text(f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else cause, 480)
         self.message = (
-            f"Plugin {dist} failed to load entry point {short_repr(entry_point, 240)}: {clean_text(detail, 480)}\n"
+            f"Plugin {dist} failed to load entry point {short_repr(entry_point, 240)}: {self.detail}\n"
             f"Reinstall or upgrade {clean_text(distribution) if distribution else 'the plugin'}, uninstall it, or set "
             "OPTCORE_PLUGINS to load only the plugins you need."
         )

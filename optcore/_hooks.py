@@ -14,7 +14,6 @@ import pluggy
 from ._errors import PluginLoadError
 from ._names import normalize
 from ._plugins import HOOKS_GROUP, entry_points
-from ._values import clean_text
 
 hookspec = pluggy.HookspecMarker("optcore")
 hookimpl = pluggy.HookimplMarker("optcore")
@@ -77,8 +76,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
                     if not isinstance(exc, PluginLoadError):
                         exc = PluginLoadError(entry.distribution, f"{HOOKS_GROUP}:{entry.name}", exc, entry.version)
                     warnings.warn(str(exc), RuntimeWarning, stacklevel=1)
-                    cause = exc.cause if isinstance(exc.cause, str) else f"{type(exc.cause).__name__}: {exc.cause}"
-                    failures[normalize(entry.distribution or entry.module)] = clean_text(cause, 480)
+                    failures[normalize(entry.distribution or entry.module)] = exc.detail
             _manager = (entries, pm, failures)
         return _manager[1]
 

@@ -19,7 +19,7 @@ from ._errors import ConfigError
 from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, check_config
 from ._hooks import get_plugin_manager, load_failure
 from ._params import build_param_groups
-from ._plugins import HOOKS_GROUP, declares, switched_off, switches_note
+from ._plugins import HOOKS_GROUP, declared, switched_off, switches_note
 from ._registry import resolve
 from ._schema import validate_groups, validate_hparams
 from ._spec import OptimizerSpec
@@ -143,7 +143,7 @@ def _why_unclaimed(distribution: str) -> str:
         return f"{distribution} is installed and failed to load ({failed}): reinstall or upgrade it."
     if off:
         return f"{distribution} is installed, but {off}."
-    if declares(distribution, HOOKS_GROUP):
+    if declared(distribution, HOOKS_GROUP):
         return f"{distribution} is installed and loaded, and claims none of them: upgrade it (`pip install -U {distribution}`)."
     note = switches_note()
     return (

@@ -180,21 +180,16 @@ def switches_note() -> str | None:
     return None if allowed is None else f"only the plugins OPTCORE_PLUGINS={os.environ['OPTCORE_PLUGINS']!r} names"
 
 
-def _declared(distribution: str, group: str) -> list[str]:
-    """The names of the installed ``distribution``'s entry points in ``group``, switches aside."""
+def declared(distribution: str, group: str) -> list[str]:
+    """The names of the installed ``distribution``'s entry points in ``group``, in use or not."""
     key = normalize(distribution)
     return [e.name for e in _scan(tuple(sys.path)).get(group, ()) if normalize(e.distribution or "") == key]
-
-
-def declares(distribution: str, group: str) -> bool:
-    """Whether an installed ``distribution`` has entry points in ``group`` (in use or not)."""
-    return bool(_declared(distribution, group))
 
 
 def switched_off(distribution: str, group: str) -> str | None:
     """Why the installed ``distribution``'s entry points in ``group`` are not in
     use (the environment switch that leaves them out), or ``None``: in use, or none installed."""
-    key, mine = normalize(distribution), _declared(distribution, group)
+    key, mine = normalize(distribution), declared(distribution, group)
     off, allowed = _switches()
     if mine and off:
         return "OPTCORE_DISABLE_PLUGIN_AUTOLOAD is set, which turns plugin discovery off: unset it"
