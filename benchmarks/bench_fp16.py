@@ -83,9 +83,9 @@ class HandWrittenMasterLoop:
 def build_fp16(params: list[torch.Tensor]) -> torch.optim.Optimizer:
     from optcore_fp16 import FP16Optimizer
 
-    import optcore
+    import optcore.plugin
 
-    inner = optcore.adapt(torch.optim.AdamW)(params, lr=1e-4, weight_decay=0.1, fused=True)
+    inner = optcore.plugin.adapt(torch.optim.AdamW)(params, lr=1e-4, weight_decay=0.1, fused=True)
     return FP16Optimizer(inner)
 
 

@@ -115,9 +115,9 @@ def fp16_optimizer(params: list[torch.Tensor]) -> Timed:
     the current loss scale."""
     from optcore_fp16 import FP16Optimizer
 
-    import optcore
+    import optcore.plugin
 
-    inner = optcore.adapt(torch.optim.AdamW)(params, lr=LR, weight_decay=0.1, fused=True)
+    inner = optcore.plugin.adapt(torch.optim.AdamW)(params, lr=LR, weight_decay=0.1, fused=True)
     opt = FP16Optimizer(inner)
     zero = torch.zeros((), device=params[0].device, requires_grad=True)
     return (lambda: opt.backward(zero)), opt.step

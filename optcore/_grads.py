@@ -1,6 +1,6 @@
 """Gradient arithmetic in torch's ``_foreach_`` units, shared by the contract,
-``average_params`` and optcore-fp16 (public as ``optcore.by_device_and_dtype``
-and ``optcore.total_grad_norm``).
+``average_params`` and optcore-fp16 (public as ``optcore.plugin.by_device_and_dtype``
+and ``optcore.plugin.total_grad_norm``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ hookimpl = pluggy.HookimplMarker("optcore")
 
 
 class OptcoreHookSpecs:
-    """The hooks a plugin may implement (decorate with ``optcore.hookimpl``)."""
+    """The hooks a plugin may implement (decorate with ``optcore.plugin.hookimpl``)."""
 
     @hookspec
     def optcore_rewrite_config(self, config: dict[str, Any]) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import optcore
+from optcore.plugin import HParams
 
 
 def parse(argv: list[str], parser: argparse.ArgumentParser | None = None, **kwargs) -> argparse.Namespace:
@@ -176,7 +177,7 @@ def test_help_lists_the_schedulers_flags(capsys):
 def test_percent_signs_in_descriptions_do_not_break_help(capsys):
     from pydantic import Field
 
-    class PctConfig(optcore.HParams):
+    class PctConfig(HParams):
         lr: float = Field(0.1, description="raise by 10% per epoch")
 
     optcore.register_optimizer("PctOpt", torch.optim.SGD, schema=PctConfig)

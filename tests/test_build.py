@@ -228,14 +228,14 @@ def test_factories_get_the_contract(model):
 
 def test_hook_plugins_contribute_policies_and_observe(fake_plugins, model):
     fake_plugins("optcore-policy", "optcore_policy_fake", """
-import optcore
+import optcore.plugin
 seen = []
 
-@optcore.hookimpl
+@optcore.plugin.hookimpl
 def optcore_param_group_policies(model, config):
     return [{"params": r"^3\\.", "lr_scale": 0.5, "name": "head"}]
 
-@optcore.hookimpl
+@optcore.plugin.hookimpl
 def optcore_optimizer_built(optimizer, config):
     seen.append(config["type"])
 """, {"optcore.hooks": {"policy": "optcore_policy_fake"}})
@@ -249,10 +249,10 @@ def optcore_optimizer_built(optimizer, config):
 
 def test_a_rewrite_hook_gets_each_optimizer_of_a_chain_and_its_mistakes_are_named(fake_plugins, model):
     fake_plugins("optcore-rewrite", "optcore_rewrite_fake", """
-import optcore
+import optcore.plugin
 seen = []
 
-@optcore.hookimpl
+@optcore.plugin.hookimpl
 def optcore_rewrite_config(config):
     seen.append(config["type"])
     if config.get("lr") == "bad":

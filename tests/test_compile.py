@@ -18,6 +18,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import optcore
+from optcore.plugin import validate_hparams
 
 # SparseAdam takes sparse gradients only; LBFGS re-evaluates a closure per step
 # (compiled, it traces the whole line search: slow, and checked in the slow tier).
@@ -62,7 +63,7 @@ def _graph_breaks(opt: torch.optim.Optimizer, model: torch.nn.Module) -> Counter
 def _plain_twin(opt: torch.optim.Optimizer, params) -> torch.optim.Optimizer:
     """The torch class itself with the hyper-parameters ``opt`` was built with."""
     spec = opt.optcore_spec
-    kwargs = optcore.validate_hparams(spec.schema, {}, spec.name)
+    kwargs = validate_hparams(spec.schema, {}, spec.name)
     group = opt.param_groups[0]
     kwargs.update({k: group[k] for k in kwargs if k in group})
     return opt.adapted_from(params, **kwargs)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import optcore
+from optcore.plugin import adapt, total_grad_norm
 
 
 def _grads(model, scale=1.0):
@@ -151,10 +152,10 @@ def test_clip_grad_norm_of_float64_grads_is_float64(model, config):
 
 def test_total_grad_norm_mixes_dtypes_in_the_highest_precision():
     grads = [torch.full((3,), 1e3, dtype=torch.float16), torch.ones(2, dtype=torch.float64), torch.ones(2, dtype=torch.bfloat16)]
-    norm = optcore.total_grad_norm(grads)
+    norm = total_grad_norm(grads)
     assert norm.dtype == torch.float64
     assert norm.item() == pytest.approx((3 * 1e6 + 4) ** 0.5, rel=1e-6)
-    assert optcore.total_grad_norm([torch.full((4,), 6e4, dtype=torch.float16)]).dtype == torch.float32  # no fp16 overflow
+    assert total_grad_norm([torch.full((4,), 6e4, dtype=torch.float16)]).dtype == torch.float32  # no fp16 overflow
 
 
 # ------------------------------------------------- read-only param_groups
@@ -190,7 +191,7 @@ def test_classes_with_read_only_param_groups_refuse_group_selection(name):
     from optcore._contract import param_groups_assignable
 
     assert not param_groups_assignable(cls), f"{name}.param_groups is expected to be a read-only property"
-    adapted = optcore.adapt(cls, groups=True)  # even when told the groups are independent
+    adapted = adapt(cls, groups=True)  # even when told the groups are independent
     assert adapted.supports_groups is False
 
 
@@ -214,7 +215,7 @@ class _ReadOnlyGroups(torch.optim.Optimizer):
 
 def test_groups_on_read_only_param_groups_is_a_clear_error():
     p = torch.zeros(3, requires_grad=True)
-    opt = optcore.adapt(_ReadOnlyGroups)([p])
+    opt = adapt(_ReadOnlyGroups)([p])
     assert opt.supports_groups is False
     p.grad = torch.ones(3)
     opt.step()  # the plain path works
@@ -234,16 +235,16 @@ def test_a_groups_declaration_holds_after_the_class_was_adapted():
                 for p in group["params"]:
                     p.data.add_(p.grad, alpha=-group["lr"])
 
-    first = optcore.adapt(Independent)
+    first = adapt(Independent)
     assert first.supports_groups is False  # undeclared: optcore cannot vouch
-    assert optcore.adapt(Independent, groups=True) is first and first.supports_groups is True
+    assert adapt(Independent, groups=True) is first and first.supports_groups is True
     a, b = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
     opt = first([{"params": [a]}, {"params": [b]}])
     a.grad, b.grad = torch.ones(2), torch.ones(2)
     opt.step(groups=[1])
     assert torch.equal(a.detach(), torch.zeros(2)) and torch.equal(b.detach(), torch.full((2,), -0.1))
-    assert optcore.adapt(Independent, groups=False).supports_groups is False
-    assert optcore.adapt(first, groups=True) is first and first.supports_groups is True  # the adapted class too
+    assert adapt(Independent, groups=False).supports_groups is False
+    assert adapt(first, groups=True) is first and first.supports_groups is True  # the adapted class too
 
 
 # ----------------------------------------------------------- tensor lr

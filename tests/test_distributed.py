@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 import optcore
+from optcore.plugin import adapt, validate_hparams
 from _dist_util import RanksFailed, run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -228,8 +229,8 @@ def _zero(name: str, model: nn.Module) -> Any:
 
     config = dict(CONFIGS[name])
     spec = optcore.resolve(config.pop("type"))
-    kwargs = optcore.validate_hparams(spec.schema, config, spec.name)
-    return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optcore.adapt(spec.target), **kwargs)
+    kwargs = validate_hparams(spec.schema, config, spec.name)
+    return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=adapt(spec.target), **kwargs)
 
 
 def _zero_check(name: str, rank: int, ckpt_dir: str) -> None:

@@ -99,11 +99,11 @@ def test_default_group_names_are_unique_when_regex_groups_meet_the_no_decay_spli
     """"decay" and "no_decay" name only the split's own groups; a group a regex
     also changes is ``group<i>``, so ``step(groups="no_decay")`` selects one group."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    groups = optcore.build_param_groups(model, [{"params": r"^0\.", "lr_scale": 2.0}], weight_decay=0.01)
+    groups = build_param_groups(model, [{"params": r"^0\.", "lr_scale": 2.0}], weight_decay=0.01)
     names = [g["name"] for g in groups]
     assert len(set(names)) == len(names) == 3
     assert {n: len(g["params"]) for n, g in zip(names, groups)} == {"group0": 1, "group1": 1, "no_decay": 2}
-    assert [g["name"] for g in optcore.build_param_groups(model, weight_decay=0.01)] == ["decay", "no_decay"]
+    assert [g["name"] for g in build_param_groups(model, weight_decay=0.01)] == ["decay", "no_decay"]
 
 
 def test_a_name_the_config_gives_is_never_a_default_one_and_selects_all_its_groups():
@@ -111,7 +111,7 @@ def test_a_name_the_config_gives_is_never_a_default_one_and_selects_all_its_grou
     both ``head``: ``step(groups="head")`` steps both. A default name yields to
     one the config gave (a config group named ``no_decay`` keeps it alone)."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    taken = optcore.build_param_groups(
+    taken = build_param_groups(
         model, [{"params": r"^0\.weight", "name": "no_decay"}, {"params": r"^1\.bias", "name": "group1", "lr": 0.1}],
         weight_decay=0.01,
     )

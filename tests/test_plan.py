@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import optcore
+from optcore._build import construct
 from optcore.cli import check_config, main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -33,7 +34,7 @@ def test_plan_is_frozen_and_complete_before_construction():
     assert len(with_params.groups) == 3 and all(g["params"] for g in with_params.groups)
     assert with_params.groups[-1]["lr"] == pytest.approx(5e-4) and with_params.implementation == "fused"
     assert config["betas"] == "(0.9, 0.98)"  # the caller's config is untouched
-    opt = optcore.construct(with_params)
+    opt = construct(with_params)
     assert isinstance(opt, torch.optim.AdamW) and opt.param_groups[0]["fused"] is True
 
 

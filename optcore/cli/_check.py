@@ -2,7 +2,7 @@
 
 Every optimizer config in the file goes through :func:`optcore.plan` (the
 road every build takes), every scheduler config through
-:func:`optcore.validate_scheduler_config`; nothing is constructed.
+:func:`optcore.schedulers.validate_scheduler_config`; nothing is constructed.
 """
 
 from __future__ import annotations

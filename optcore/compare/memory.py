@@ -27,6 +27,7 @@ import optcore
 from optcore import ConfigError, resolve
 
 from .._config import typed_config
+from .._contract import ContractMixin
 from .lineup import built_name
 from .metascalars import MetaScalars, ItemsInKernels
 from .precision import param_dtype, with_precision
@@ -138,7 +139,7 @@ def step_on(model: nn.Module, optimizer: Any, accumulations: int = 1, mode: Any 
     the loss there; AdaScale's gradient hooks measure it); otherwise the gradients
     are set directly, which on the meta device costs nothing."""
     params = [p for p in model.parameters() if p.requires_grad]
-    own_backward = type(optimizer).backward is not optcore.ContractMixin.backward if hasattr(optimizer, "backward") else False
+    own_backward = type(optimizer).backward is not ContractMixin.backward if hasattr(optimizer, "backward") else False
     if own_backward or accumulations > 1 or any(p._backward_hooks for p in params):
         backward = optimizer.backward if own_backward else Tensor.backward
         for _ in range(accumulations):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optcore import ConfigError, validate_hparams
+from optcore import ConfigError
+from optcore.plugin import validate_hparams
 from optcore_adafactor import Adafactor, AdafactorConfig
 
 DEFAULTS = {

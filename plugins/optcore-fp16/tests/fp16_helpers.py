@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 import optcore
+import optcore.plugin
 
 
 def mlp(dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
@@ -34,7 +35,7 @@ def loss_fn(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return ((model(x.to(dtype)).float() - y) ** 2).mean()
 
 
-AdamW = optcore.adapt(torch.optim.AdamW)
+AdamW = optcore.plugin.adapt(torch.optim.AdamW)
 
 
 def adamw(model: nn.Module, **kw: Any) -> torch.optim.Optimizer:

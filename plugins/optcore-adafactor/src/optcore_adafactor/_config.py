@@ -4,7 +4,7 @@ Field names and defaults are those of fairseq and Hugging Face
 (``transformers.optimization.Adafactor``), so an existing config moves over
 unchanged. The combinations those libraries reject with a bare ``ValueError``
 (or silently ignore) fail validation here at the field to change, so
-``optcore.validate_hparams`` reports them in its :class:`optcore.ConfigError`.
+``optcore.plugin.validate_hparams`` reports them in its :class:`optcore.ConfigError`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from optcore import LR, Beta, Flag, HParams, Literalish, WeightDecay
+from optcore.plugin import LR, Beta, Flag, HParams, Literalish, WeightDecay
 
 _SCHEDULER_NOTE = (
     "An external LR scheduler needs relative_step=False and scale_parameter=False "

@@ -35,7 +35,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from optcore import ConfigError, Optimizer, validate_hparams
+from optcore import ConfigError
+from optcore.plugin import Optimizer, validate_hparams
 
 from . import _cpu_kernel
 from ._config import AdafactorConfig

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from optcore import LR, Flag, HParams, Literalish, Momentum, WeightDecay
+from optcore.plugin import LR, Flag, HParams, Literalish, Momentum, WeightDecay
 
 
 class AdaScaleSGDConfig(HParams):

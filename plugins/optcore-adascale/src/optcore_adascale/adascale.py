@@ -41,7 +41,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd import Variable
 
-from optcore import ConfigError, GroupSelector, Optimizer, validate_hparams
+from optcore import ConfigError
+from optcore.plugin import GroupSelector, Optimizer, validate_hparams
 
 from . import _cpu_kernel
 from ._config import AdaScaleSGDConfig

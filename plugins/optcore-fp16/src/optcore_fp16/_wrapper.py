@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from optcore import ConfigError, ContractMixin, GroupSelector, by_device_and_dtype, total_grad_norm
+from optcore import ConfigError
+from optcore.plugin import ContractMixin, GroupSelector, by_device_and_dtype, total_grad_norm
 
 from .loss_scaler import DynamicLossScaler
 from .schemas import LossScalerConfig

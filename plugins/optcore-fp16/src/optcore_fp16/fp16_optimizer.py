@@ -34,7 +34,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from optcore import ConfigError, validate_hparams
+from optcore import ConfigError
+from optcore.plugin import validate_hparams
 
 from . import _cpu_kernel
 from ._wrapper import ParamGroupView, PrecisionWrapper, is_contract, non_finite

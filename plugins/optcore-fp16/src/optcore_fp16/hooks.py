@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from optcore import ConfigError, hookimpl, validate_hparams
+from optcore import ConfigError
+from optcore.plugin import hookimpl, validate_hparams
 
 from .schemas import PrecisionOptions
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from optcore import OptcoreError, validate_hparams
+from optcore import OptcoreError
+from optcore.plugin import validate_hparams
 
 from .schemas import LossScalerConfig
 

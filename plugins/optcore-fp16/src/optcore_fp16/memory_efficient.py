@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 import optcore
-from optcore import ConfigError, validate_hparams
+from optcore import ConfigError
+from optcore.plugin import validate_hparams
 
 from ._wrapper import PrecisionWrapper, non_finite
 from .loss_scaler import DynamicLossScaler

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field
 
-from optcore import HParams, Literalish
+from optcore.plugin import HParams, Literalish
 
 Precision = Literal["fp16", "bf16"]
 

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
-from optcore import LR, Betas, ConfigError, Flag, HParams, OptionalFlag, Optimizer, WeightDecay, validate_hparams
+from optcore import ConfigError
+from optcore.plugin import LR, Betas, Flag, HParams, OptionalFlag, Optimizer, WeightDecay, validate_hparams
 from pydantic import Field
 from torch import Tensor
 
