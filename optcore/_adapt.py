@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ._contract import ContractMixin, param_groups_assignable
-from ._torch_facts import PASSES_CLOSURE, SINGLE_GROUP, TORCH_FACTS
+from ._torch_facts import PASSES_CLOSURE, SINGLE_GROUP, TORCH_FACTS, known_lr_schedule
 
 _cache: dict[type, type] = {}
 _lock = threading.Lock()
@@ -109,6 +109,8 @@ def adapt(cls: type[torch.optim.Optimizer], *, groups: bool | None = None) -> ty
             "supports_flat_params": getattr(cls, "supports_flat_params", pointwise),
             "supports_groups": bool(groups) and param_groups_assignable(cls),
             "supports_memory_efficient_fp16": getattr(cls, "supports_memory_efficient_fp16", False),
+            # the class's own declaration (a property too), else what optcore knows of it
+            "lr_schedule": inspect.getattr_static(cls, "lr_schedule", None) or known_lr_schedule(cls) or "any",
             "_passes_closure": passes_closure,
             "flat_params_unsupported_reason": getattr(cls, "flat_params_unsupported_reason", "") or reason,
             # Looked up once here, not per step: torch.compile cannot trace

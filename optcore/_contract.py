@@ -22,6 +22,13 @@ from ._grads import by_device_and_dtype, params_with_grad, total_grad_norm
 
 GroupSelector = Sequence[int | str] | int | str | None
 
+#: The values of the contract's ``lr_schedule``: what the optimizer does with the
+#: group ``lr``, which LR schedulers read. ``"any"``: it is the step size, and any
+#: schedule applies; ``"constant"``: schedule-free (iterate averaging replaces the
+#: decay), so warm-up and constant schedules only; ``"none"``: the optimizer
+#: computes its own step size and no schedule has an effect.
+LR_SCHEDULES = ("any", "constant", "none")
+
 _NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale"})
 
 
@@ -33,6 +40,7 @@ class ContractMixin:
     supports_flat_params: ClassVar[bool] = False
     supports_groups: ClassVar[bool] = True
     flat_params_unsupported_reason: ClassVar[str] = ""
+    lr_schedule: str = "any"  # one of LR_SCHEDULES; not a ClassVar: a property may judge the groups
 
     param_groups: list[dict[str, Any]]
     defaults: dict[str, Any]

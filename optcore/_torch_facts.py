@@ -1,5 +1,6 @@
-"""What is true of each ``torch.optim`` class, as plain data (no pydantic import,
-so that resolving and listing names stays cheap)."""
+"""What is true of each ``torch.optim`` class, and of the third-party classes optcore
+knows, as plain data (no pydantic import, so that resolving and listing names
+stays cheap)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,25 @@ TORCH_FACTS: dict[str, tuple[bool, bool]] = {
 #: Classes that hold one param group only / evaluate the closure themselves.
 SINGLE_GROUP = frozenset({"LBFGS"})
 PASSES_CLOSURE = frozenset({"LBFGS"})
+
+#: The contract's ``lr_schedule`` of third-party classes that do not declare it:
+#: (top-level package, class name) -> value. Schedule-free optimizers replace the
+#: decay by iterate averaging, so they take warm-up and constant schedules only.
+KNOWN_LR_SCHEDULE: dict[tuple[str, str], str] = {
+    **{("schedulefree", name): "constant" for name in (
+        "AdamWScheduleFree", "AdamWScheduleFreeClosure", "AdamWScheduleFreeReference", "AdamWScheduleFreePaper",
+        "RAdamScheduleFree", "RAdamScheduleFreeClosure", "SGDScheduleFree", "SGDScheduleFreeClosure",
+        "SGDScheduleFreeReference", "ScheduleFreeWrapper", "ScheduleFreeWrapperReference", "ScheduleFreeWrapperSwap")},
+    **{("pytorch_optimizer", name): "constant" for name in (
+        "ScheduleFreeAdamW", "ScheduleFreeRAdam", "ScheduleFreeSGD", "ScheduleFreeWrapper")},
+}
+
+
+def known_lr_schedule(cls: type) -> str | None:
+    """``lr_schedule`` from :data:`KNOWN_LR_SCHEDULE` for ``cls`` or a class it
+    derives from; ``None`` for a class optcore knows nothing of."""
+    for klass in cls.__mro__:
+        value = KNOWN_LR_SCHEDULE.get((klass.__module__.partition(".")[0], klass.__name__))
+        if value is not None:
+            return value
+    return None

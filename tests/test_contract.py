@@ -309,3 +309,18 @@ def test_spec_capabilities_are_the_built_optimizers_flags(model, name):
     params = list(model.parameters()) if name == "LBFGS" else model
     opt = optcore.build_optimizer({"type": name}, params)
     assert spec.capabilities.as_dict() == {flag: getattr(opt, flag) for flag in spec.capabilities.as_dict()}
+
+
+def test_adapting_keeps_a_class_s_own_lr_schedule_declaration():
+    """The contract's default (``"any"``) comes first in the adapted class's MRO; a
+    declaration of the class, attribute or property, still wins over it."""
+    declared = type("DeclaredConstant", (torch.optim.SGD,), {"lr_schedule": "constant"})
+    judged = type("JudgedPerGroup", (torch.optim.SGD,), {
+        "lr_schedule": property(lambda self: "none" if self.param_groups[0].get("own_step") else "any")})
+    p = torch.nn.Parameter(torch.zeros(1))
+    assert adapt(declared)([p], lr=0.1).lr_schedule == "constant"
+    opt = adapt(judged)([p], lr=0.1)
+    assert opt.lr_schedule == "any"
+    opt.param_groups[0]["own_step"] = True
+    assert opt.lr_schedule == "none"
+    assert adapt(torch.optim.SGD)([p], lr=0.1).lr_schedule == "any"

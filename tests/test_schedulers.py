@@ -236,14 +236,51 @@ def test_warmup_longer_than_the_run_warns():
         optcore.build_scheduler({"type": "linear", "warmup_steps": 200}, sgd(), num_training_steps=100)
 
 
-def test_adafactor_relative_step_warns_for_decaying_schedules():
-    opt = sgd(1e-3)
-    opt.param_groups[0]["relative_step"] = True  # as Adafactor's groups carry it
-    with pytest.warns(UserWarning, match="relative-step"):
-        optcore.build_scheduler({"type": "polynomial_decay"}, opt, num_training_steps=10)
+def _declaring(value):
+    """An SGD whose class declares the contract's ``lr_schedule``."""
+    cls = type("Declared", (torch.optim.SGD,), {"lr_schedule": value})
+    return cls([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+
+
+def test_an_optimizer_that_ignores_its_lr_takes_pass_through_only():
+    opt = _declaring("none")
+    for config in ({"type": "polynomial_decay"}, "constant"):
+        with pytest.raises(ConfigError, match="pass_through"):
+            optcore.build_scheduler(config, opt, num_training_steps=10)
+    optcore.build_scheduler("pass_through", opt).step()
+
+
+def test_adafactor_declares_that_relative_step_mode_ignores_the_lr():
+    spec = next((s for s in optcore.list_optimizers(all=True) if s.qualified == "optcore-adafactor:Adafactor"), None)
+    if spec is None:
+        pytest.skip("optcore-adafactor is not installed")
+    config = {"type": spec.qualified, "lr": 1e-3, "relative_step": False, "scale_parameter": False}
+    opt = optcore.build_optimizer(config, [torch.nn.Parameter(torch.zeros(2, 2))])
+    assert opt.lr_schedule == "any"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        optcore.build_scheduler("constant", opt)
+        optcore.build_scheduler({"type": "cosine"}, opt, num_training_steps=10)
+    opt.param_groups[0]["relative_step"] = True  # the group computes its own step size from here on
+    assert opt.lr_schedule == "none"
+    with pytest.raises(ConfigError, match="pass_through"):
+        optcore.build_scheduler({"type": "cosine"}, opt, num_training_steps=10)
+
+
+def test_the_schedulers_read_the_capability_not_names_or_keys():
+    """A ``relative_step`` key, or a class named like a schedule-free one that
+    declares nothing and that optcore does not know, is an ordinary optimizer."""
+    opt = sgd(1e-3)
+    opt.param_groups[0]["relative_step"] = True
+    named = type("AdamWScheduleFree", (torch.optim.SGD,), {})([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    for optimizer in (opt, named):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            optcore.build_scheduler({"type": "cosine"}, optimizer, num_training_steps=10)
+
+
+def test_an_undeclared_lr_schedule_value_is_refused_by_name():
+    with pytest.raises(optcore.OptcoreError, match="Declared.lr_schedule is 'constnat'; it must be one of any, constant"):
+        optcore.build_scheduler({"type": "cosine"}, _declaring("constnat"), num_training_steps=10)
 
 
 def test_optimizer_without_lr_needs_pass_through():
@@ -256,16 +293,30 @@ def test_optimizer_without_lr_needs_pass_through():
         optcore.build_scheduler("pass_through", opt).step()
 
 
-def test_schedule_free_optimizer_warns_for_decaying_schedules():
-    class AdamWScheduleFree(torch.optim.SGD):
-        pass
+def _schedule_free_optimizers():
+    """A class declaring ``lr_schedule = "constant"``, and pytorch_optimizer's
+    schedule-free class (known to optcore) built by hand, built by optcore and
+    inside optcore-fp16's wrapper."""
+    yield "declared", _declaring("constant")
+    pytorch_optimizer = pytest.importorskip("pytorch_optimizer")
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    yield "by hand", pytorch_optimizer.ScheduleFreeAdamW(params, lr=1e-3)
+    built = optcore.build_optimizer({"type": "pytorch_optimizer:ScheduleFreeAdamW", "lr": 1e-3}, params)
+    assert built.lr_schedule == "constant"
+    yield "built", built
+    if any(s.name == "FP16Optimizer" for s in optcore.list_optimizers()):
+        yield "wrapped", optcore.build_optimizer(
+            {"type": "pytorch_optimizer:ScheduleFreeAdamW", "lr": 1e-3, "precision": "bf16"},
+            [torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))])
 
-    opt = AdamWScheduleFree([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    with pytest.warns(UserWarning, match="schedule-free"):
-        optcore.build_scheduler({"type": "cosine"}, opt, num_training_steps=10)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        optcore.build_scheduler({"type": "constant_with_warmup", "warmup_steps": 5}, opt)
+
+def test_schedule_free_optimizers_warn_for_decaying_schedules():
+    for label, opt in _schedule_free_optimizers():
+        with pytest.warns(UserWarning, match="schedule-free"):
+            optcore.build_scheduler({"type": "cosine"}, opt, num_training_steps=10)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            optcore.build_scheduler({"type": "constant_with_warmup", "warmup_steps": 5}, opt)
 
 
 # ---------------------------------------------------------------- registering

@@ -29,13 +29,15 @@ from typing import Any
 import torch
 
 from .._config import merge_kwargs, typed_config
-from .._errors import ConfigError, SchedulerNotFoundError, rejected_config, warn_user
+from .._contract import LR_SCHEDULES
+from .._errors import ConfigError, OptcoreError, SchedulerNotFoundError, rejected_config, warn_user
 from .._plugins import SCHEDULERS_GROUP
 from .._resolution import Registry
 from .._literals import parse_literal
 from .._schema import validate_hparams
 from .._values import short_repr
 from .._spec import OptimizerSpec
+from .._torch_facts import known_lr_schedule
 from .._version import __version__
 from ._torch import NON_DECAYING, TOTAL_FIELDS, construct, scale_absolute_lrs, torch_scheduler_names, torch_schema
 from .builtin import BUILTINS
@@ -232,10 +234,12 @@ def build_scheduler(
     OmegaConf ``DictConfig``; ``None`` gives ``None``. ``num_training_steps``
     fills the schedule's run length unless the config sets it.
 
+    What the optimizer does with its ``lr`` is its ``lr_schedule`` capability
+    (the contract's; optcore knows it of the third-party schedule-free classes).
     Warns when the combination is likely wrong (a decaying schedule on a
-    schedule-free optimizer or on Adafactor in relative-step mode, a warm-up
-    longer than the run); raises :class:`ConfigError` for bad or missing
-    fields.
+    schedule-free optimizer, a warm-up longer than the run); raises
+    :class:`ConfigError` for bad or missing fields, and for a schedule other
+    than ``pass_through`` on an optimizer that has no lr or ignores it.
     """
     if config is None:
         return None
@@ -246,10 +250,12 @@ def build_scheduler(
             problems=[("optimizer", "not a torch.optim.Optimizer")],
         )
     spec, kwargs = validate_scheduler_config(config, num_training_steps, allow_import_paths=allow_import_paths)
-    if spec.name != "pass_through" and any(g.get("lr") is None for g in optimizer.param_groups):
+    if spec.name != "pass_through" and (
+        any(g.get("lr") is None for g in optimizer.param_groups) or lr_schedule(optimizer) == "none"
+    ):
         raise ConfigError(
-            f"{type(optimizer).__name__} has no learning rate (lr=None, e.g. Adafactor in relative-step mode "
-            f"computes its own), so there is nothing for {spec.name!r} to schedule. Use {{'type': 'pass_through'}}, "
+            f"{type(optimizer).__name__} computes its own step size (its lr is None or unused, e.g. Adafactor in "
+            f"relative-step mode), so there is nothing for {spec.name!r} to schedule. Use {{'type': 'pass_through'}}, "
             "or give the optimizer an lr to schedule (for Adafactor: relative_step=False, scale_parameter=False "
             "and an lr).",
             problems=[("type", "optimizer has no lr")],
@@ -376,15 +382,24 @@ def _normalise_keys(
     return cfg
 
 
-def _optimizer_classes(optimizer: Any) -> list[str]:
-    """Class names of the optimizer and of the optimizers it wraps."""
-    names: list[str] = []
-    seen = 0
-    while optimizer is not None and seen < 4:
-        names += [c.__name__ for c in type(optimizer).__mro__]
+def lr_schedule(optimizer: Any) -> str:
+    """What ``optimizer`` does with the group lr (one of ``LR_SCHEDULES``): the first
+    declaration other than ``"any"`` on it or on the optimizers it wraps
+    (``.optimizer``, as precision wrappers and training stacks hold them), each
+    the object's ``lr_schedule`` or what optcore knows of its class."""
+    for _ in range(4):  # the wrappers of the training stacks nest two or three deep
+        if optimizer is None:
+            break
+        value = getattr(optimizer, "lr_schedule", None) or known_lr_schedule(type(optimizer)) or "any"
+        if value not in LR_SCHEDULES:
+            raise OptcoreError(
+                f"{type(optimizer).__name__}.lr_schedule is {value!r}; it must be one of {', '.join(LR_SCHEDULES)} "
+                "(optcore.plugin.ContractMixin documents them). Fix the optimizer class's declaration."
+            )
+        if value != "any":
+            return value
         optimizer = getattr(optimizer, "optimizer", None)
-        seen += 1
-    return names
+    return "any"
 
 
 def _warn_about_combination(spec: SchedulerSpec, kwargs: dict[str, Any], optimizer: Any) -> None:
@@ -397,12 +412,7 @@ def _warn_about_combination(spec: SchedulerSpec, kwargs: dict[str, Any], optimiz
             "peak. Shorten the warm-up or check num_training_steps.", UserWarning)
     if not spec.decays:
         return
-    if any(g.get("relative_step") for g in optimizer.param_groups):
-        warn_user(
-            f"{type(optimizer).__name__} runs in relative-step mode (relative_step=True): it computes its own step "
-            f"size and ignores the group lr, so the {spec.name!r} schedule has no effect. Use "
-            "{'type': 'pass_through'}, or give the optimizer an lr with relative_step=False.", UserWarning)
-    elif any("schedulefree" in c.lower() for c in _optimizer_classes(optimizer)):
+    if lr_schedule(optimizer) == "constant":
         warn_user(
             f"{type(optimizer).__name__} is schedule-free: it replaces the decay by iterate averaging, and a "
             f"decaying schedule ({spec.name!r}) works against it. Use 'constant' or 'constant_with_warmup'.", UserWarning)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .._contract import LR_SCHEDULES
 from ._fixtures import assert_same, build, data, dtype_of, loss, model, params, train
 from ._inputs import ConformanceInputs
 
@@ -32,6 +33,7 @@ def check_contract(config: dict[str, Any], inputs: ConformanceInputs, dtype: tor
     assert isinstance(opt, torch.optim.Optimizer), f"{type(opt)} is not a torch.optim.Optimizer"
     for flag in ("supports_memory_efficient_fp16", "supports_step_with_scale", "supports_flat_params", "supports_groups"):
         assert isinstance(getattr(opt, flag), bool), f"{flag} is not a bool"
+    assert opt.lr_schedule in LR_SCHEDULES, f"lr_schedule is {opt.lr_schedule!r}, not one of {LR_SCHEDULES}"
     for member in ("get_lr", "set_lr", "backward", "multiply_grads", "clip_grad_norm", "average_params"):
         assert callable(getattr(opt, member, None)), f"missing {member}()"
     assert isinstance(opt.optimizer_config, dict)

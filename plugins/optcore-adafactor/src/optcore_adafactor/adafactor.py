@@ -119,6 +119,12 @@ class Adafactor(Optimizer):
         "dtypes": ("float32", "float64", "bfloat16"),
     }
 
+    @property
+    def lr_schedule(self) -> str:
+        """The contract's capability LR schedulers read: ``"none"`` while a group
+        computes its own step size (relative-step mode), else ``"any"``."""
+        return "none" if any(g.get("relative_step") for g in self.param_groups) else "any"
+
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
