@@ -8,9 +8,11 @@ import pickle
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import optcore
-from optcore.plugin import adapt, total_grad_norm
+from optcore.plugin import adapt, by_device_and_dtype, total_grad_norm
 
 
 def _grads(model, scale=1.0):
@@ -324,3 +326,37 @@ def test_adapting_keeps_a_class_s_own_lr_schedule_declaration():
     opt.param_groups[0]["own_step"] = True
     assert opt.lr_schedule == "none"
     assert adapt(torch.optim.SGD)([p], lr=0.1).lr_schedule == "any"
+
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("cpu", "meta")), st.sampled_from(_DTYPES),
+                          st.lists(st.integers(0, 3), max_size=3)), max_size=12), st.integers(1, 4))
+def test_by_device_and_dtype_groups_aligned_lists_by_the_first(rows, n_lists):
+    """Every (device, dtype) of the first list is one key, in order of first sight;
+    each key holds the same tensor objects in their order, the other lists' entries
+    aligned with them whatever their own dtype (fp32 state of fp16 params), and one
+    list alone gives the plain lists of the several-lists form's first entries."""
+    first = [torch.empty(shape, device=device, dtype=dtype) for device, dtype, shape in rows]
+    others = [[t.to(torch.float32) if t.is_floating_point() else t.clone() for t in first] for _ in range(n_lists - 1)]
+    lists = [first, *others]
+    grouped = by_device_and_dtype(*lists) if n_lists > 1 else {k: (v,) for k, v in by_device_and_dtype(first).items()}
+    keys = list(dict.fromkeys((t.device, t.dtype) for t in first))
+    assert list(grouped) == keys
+    for key, buckets in grouped.items():
+        index = [i for i, t in enumerate(first) if (t.device, t.dtype) == key]
+        assert len(buckets) == n_lists
+        for bucket, source in zip(buckets, lists):
+            assert len(bucket) == len(index) and all(a is source[i] for a, i in zip(bucket, index))
+    assert {k: v[0] for k, v in grouped.items()} == by_device_and_dtype(first)
+
+
+def test_by_device_and_dtype_refuses_lists_that_cannot_be_aligned():
+    p = [torch.zeros(2), torch.zeros(3)]
+    with pytest.raises(ValueError, match=r"lengths \[2, 1\]"):
+        by_device_and_dtype(p, p[:1])
+    with pytest.raises(TypeError, match="at least one list"):
+        by_device_and_dtype()
+    assert by_device_and_dtype([], []) == {} and by_device_and_dtype([]) == {}

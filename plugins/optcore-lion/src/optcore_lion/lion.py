@@ -23,7 +23,9 @@ from typing import Any, ClassVar
 
 import torch
 from optcore import ConfigError
-from optcore.plugin import LR, Betas, Flag, HParams, OptionalFlag, Optimizer, WeightDecay, validate_hparams
+from optcore.plugin import (
+    LR, Betas, Flag, HParams, OptionalFlag, Optimizer, WeightDecay, by_device_and_dtype, validate_hparams,
+)
 from pydantic import Field
 from torch import Tensor
 
@@ -111,11 +113,7 @@ def _traced_lion(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tenso
 def _foreach_lion(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], *, lr: float | Tensor,
                   weight_decay: float, beta1: float, beta2: float, gscale: float) -> None:
     """:func:`lion_update` as ``torch._foreach_*`` ops, one batch per (device, dtype)."""
-    batches: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], ...]] = {}
-    for p, g, m in zip(params, grads, exp_avgs):
-        for bucket, t in zip(batches.setdefault((p.device, p.dtype), ([], [], [])), (p, g, m)):
-            bucket.append(t)
-    for ps, gs, ms in batches.values():
+    for ps, gs, ms in by_device_and_dtype(params, grads, exp_avgs).values():
         work = [p.to(m.dtype) for p, m in zip(ps, ms)]  # fp32 copies of fp16/bf16 params
         gs = [g.to(m.dtype) for g, m in zip(gs, ms)]
         cs = torch._foreach_mul(ms, beta1)                       # c = b1*m + (1-b1)*g
