@@ -165,8 +165,9 @@ READ_ONLY_GROUPS = ["Lookahead", "OrthoGrad", "PCGrad", "ScheduleFreeWrapper", "
 
 
 def test_plain_step_does_not_assign_param_groups(model):
-    """pytorch_optimizer's Magma exposes param_groups as a read-only property;
-    a plain step used to write it back in a `finally` and raise after updating."""
+    """pytorch_optimizer's Magma exposes param_groups as a read-only property; a
+    plain step reads it and never assigns it, so the step updates and does not
+    raise afterwards."""
     pytest.importorskip("pytorch_optimizer")
     opt = optcore.build_optimizer({"type": "pytorch_optimizer:Magma"}, model)
     before = [p.detach().clone() for p in model.parameters()]

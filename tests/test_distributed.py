@@ -186,7 +186,8 @@ def _out_of_step_worker(rank: int, world: int) -> str | None:
 
 
 def test_average_params_with_ranks_out_of_step_is_one_clear_error_on_every_rank() -> None:
-    """Different state sizes on the ranks used to abort a rank (SIGABRT in gloo)."""
+    """Ranks whose state sizes differ get the same clear error on every rank, naming
+    both, before a collective that would abort a rank (SIGABRT in gloo)."""
     errors = run_ranks(_out_of_step_worker, 2)
     assert errors[0] is not None, "average_params averaged ranks that hold different tensors"
     assert errors[0] == errors[1], f"ranks disagree on the error: {errors}"

@@ -93,8 +93,8 @@ def test_conformance_cases_mark_known_failures_as_strict_xfails() -> None:
 
 
 def test_a_bug_in_a_declared_low_precision_dtype_fails_that_case_only() -> None:
-    """The dtype a case names is the parameters' dtype (the plugins' old tests set
-    torch's default dtype instead, which the kit does not read: they ran fp32 only)."""
+    """The dtype a case names is the parameters' dtype; torch's default dtype is not
+    read, so a test that sets it and names no dtype runs fp32 only."""
     outcomes = {}
     for case in conformance_cases({"type": SkipsLowPrecision}, checks=["converges"]):
         check, dtype = case.values
@@ -107,7 +107,7 @@ def test_a_bug_in_a_declared_low_precision_dtype_fails_that_case_only() -> None:
     assert "bfloat16] conformance check 'converges' failed" in outcomes["bfloat16"]
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
-    try:  # the old scaffold: default dtype set, no dtype given -> an fp32 run, which passes
+    try:  # default dtype set, no dtype given: an fp32 run, which passes
         run_check("converges", {"type": SkipsLowPrecision})
     finally:
         torch.set_default_dtype(before)
@@ -121,8 +121,8 @@ def test_plugins_declare_the_low_precision_dtypes_their_kit_tests_run(plugin: st
 
 
 def test_run_conformance_goes_on_after_a_skipped_check() -> None:
-    """A skip no longer ends the run (it raised pytest's Skipped, which stopped it):
-    the checks after it run, and the skips are returned."""
+    """A skipped check does not end the run: the checks after it run, and the
+    skips are returned."""
     inputs = ConformanceInputs(config={"lr": 0.05}, skip={"closure": "not this one"})
     skipped = run_conformance({"type": "SGD"}, inputs, checks=["closure", "none_grads"], dtypes=["float32"])
     assert skipped == [("closure", "float32", "not this one")]

@@ -19,7 +19,7 @@ CLASSES, SIZE = 10, 16
 
 
 class VisionTask:
-    """The task protocol for :func:`small_cnn` on synthetic images."""
+    """The task protocol for a small CNN (:meth:`model`) on synthetic images."""
 
     name = "vision"
     loss_label = "cross-entropy (nats/image)"

@@ -92,7 +92,7 @@ def _conformance_on_two_ranks() -> None:
     for dtype in (torch.float32, torch.float64):
         for check in CHECKS:
             known = KNOWN_CORE_FAILURES.get((dtype, check))
-            if known:  # strict: passing means the core was fixed; drop the entry
+            if known:  # strict: a pass means the core handles it; drop the entry
                 try:
                     run_check(check, {"type": "AdaScaleSGD"}, inputs, dtype=dtype)
                 except Exception as exc:  # noqa: BLE001

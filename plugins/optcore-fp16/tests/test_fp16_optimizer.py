@@ -400,7 +400,7 @@ def test_zero_grad_and_average_params() -> None:
 
 
 EDITS = {
-    # a pretrained checkpoint loaded after the optimizer was built (the worst case: it was lost silently)
+    # a pretrained checkpoint loaded after the optimizer is built (the worst case: overwritten, it is lost silently)
     "load_state_dict": lambda model, new: model.load_state_dict(new.state_dict()),
     "in place under no_grad": lambda model, new: [p.copy_(q) for p, q in zip(model.parameters(), new.parameters())],
     "p.data replaced": lambda model, new: [setattr(p, "data", q.detach().clone()) for p, q in zip(model.parameters(), new.parameters())],
@@ -410,8 +410,8 @@ EDITS = {
 @pytest.mark.parametrize("edit", list(EDITS))
 @pytest.mark.parametrize("flat", [True, False], ids=["flat", "per-tensor"])
 def test_weights_changed_after_the_build_are_stepped_from_not_overwritten(edit: str, flat: bool) -> None:
-    """The next step starts from the model's new weights instead of writing
-    the old fp32 copy back over them."""
+    """The next step starts from the model's new weights; the stale fp32 copy is
+    not written back over them."""
     model = mlp(torch.float16)
     opt = FP16Optimizer(adamw(model), flat=flat)
     train(model, opt, steps=3)

@@ -6,7 +6,7 @@
 - :class:`DynamicLossScaler` — fairseq's dynamic loss scaling (fp16 only).
 
 Both ways in are validated by pydantic schemas: ``{"type": "AdamW",
-"precision": "fp16"}`` (through the ``optcore_wrap_optimizer`` hook in
+"precision": "fp16"}`` (rewritten into the second form by the ``optcore_rewrite_config`` hook in
 :mod:`optcore_fp16.hooks`) and ``{"type": "FP16Optimizer", "optimizer": {...}}``.
 """
 

@@ -118,7 +118,7 @@ class MemoryEfficientFP16OptimizerConfig(HParams):
 
 
 class PrecisionOptions(HParams):
-    """The shorthand keys the core passes to the ``optcore_wrap_optimizer`` hook."""
+    """The shorthand keys this plugin's ``optcore_rewrite_config`` hook owns and validates."""
 
     precision: Annotated[
         Literal["fp32", "fp16", "bf16"] | None,
