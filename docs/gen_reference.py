@@ -41,6 +41,7 @@ FLAG_MEANINGS = {
     "supports_step_with_scale": "`step(scale=s)` folds `1/s` into the update (no separate unscale pass)",
     "supports_flat_params": "works on one flat contiguous parameter",
     "supports_groups": "`step(groups=...)` steps only the selected param groups",
+    "sharding": "how the update couples elements (elementwise, factored, per_tensor, global, unknown): where a shard can step alone",
 }
 
 SOURCE_WORDS = {
@@ -293,7 +294,8 @@ def flags_table(flags: dict[str, bool]) -> str:
         return ""
     out = ["| capability flag | value | meaning |", "|---|---|---|"]
     for name, value in flags.items():
-        out.append(f"| `{name}` | {'**yes**' if value else 'no'} | {FLAG_MEANINGS.get(name, '')} |")
+        shown = f"`{value}`" if isinstance(value, str) else "**yes**" if value else "no"
+        out.append(f"| `{name}` | {shown} | {FLAG_MEANINGS.get(name, '')} |")
     return "\n".join(out)
 
 
@@ -491,7 +493,7 @@ def _optimizer_index(rows: list[tuple[Any, list[Any]]], infos: dict[str, dict[st
         ("Every optimizer name `optcore list` resolves in the environment that built these pages, "
          "in resolution order. *Flags* are the capability flags of the provider the plain name gives: "
          "**M** `supports_memory_efficient_fp16`, **S** `supports_step_with_scale`, "
-         "**F** `supports_flat_params`, **G** `supports_groups`. "
+         "**F** `supports_flat_params`, **G** `supports_groups`, then `sharding`. "
          "See [Concepts](../../concepts.md) for what the order and the flags mean."), "",
         "| name | plain name resolves to | also provided by | flags | what it is |", "|---|---|---|---|---|",
     ]
@@ -500,6 +502,7 @@ def _optimizer_index(rows: list[tuple[Any, list[Any]]], infos: dict[str, dict[st
         info = infos[first.qualified]
         flags = info.get("capabilities") or {}
         mark = " ".join(letter if flags.get(name) else "·" for letter, name in zip("MSFG", flag_names)) if flags else ""
+        mark += f" {flags['sharding']}" if flags.get("sharding") else ""
         others = ", ".join(f"[`{s.qualified}`]({where[s.qualified]})" for s in providers[1:] if s.qualified in where)
         lines.append(
             f"| [{winner.name}]({where[first.qualified]}) | `{winner.qualified}` | {others} | `{mark}` | "

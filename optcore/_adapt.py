@@ -16,7 +16,14 @@ from typing import Any
 import torch
 
 from ._contract import ContractMixin, param_groups_assignable
-from ._torch_facts import PASSES_CLOSURE, SINGLE_GROUP, TORCH_FACTS, known_lr_schedule
+from ._torch_facts import (
+    PACKAGE_SHARDING,
+    PASSES_CLOSURE,
+    SHARDING_KINDS,
+    SINGLE_GROUP,
+    TORCH_FACTS,
+    known_lr_schedule,
+)
 
 _cache: dict[type, type] = {}
 _lock = threading.Lock()
@@ -50,9 +57,10 @@ class _FusedScaleMixin(ContractMixin):
                 self.grad_scale = previous
 
 
-def capabilities(target: type) -> dict[str, bool]:
+def capabilities(target: type) -> dict[str, bool | str]:
     """The flags of ``target``'s default build: a property (judged per instance)
-    counts as its default, and fused-kernel classes are built fused."""
+    counts as its default, and fused-kernel classes are built fused; ``sharding``
+    is one of ``SHARDING_KINDS``, else ``"unknown"``."""
     cls = adapt(target)
     defaults = {
         "memory_efficient_fp16": False,
@@ -61,7 +69,9 @@ def capabilities(target: type) -> dict[str, bool]:
         "groups": True,
     }
     values = {name: inspect.getattr_static(cls, f"supports_{name}", d) for name, d in defaults.items()}
-    return {name: v if isinstance(v, bool) else defaults[name] for name, v in values.items()}
+    flags: dict[str, bool | str] = {name: v if isinstance(v, bool) else defaults[name] for name, v in values.items()}
+    sharding = inspect.getattr_static(cls, "sharding", "unknown")
+    return {**flags, "sharding": sharding if sharding in SHARDING_KINDS else "unknown"}
 
 
 def _original_step(cls: type, passes_closure: bool) -> Any:
@@ -94,7 +104,8 @@ def adapt(cls: type[torch.optim.Optimizer], *, groups: bool | None = None) -> ty
             return _cache[cls]
         in_torch = cls.__module__.startswith("torch.optim")
         is_torch = in_torch and cls.__name__ in TORCH_FACTS
-        pointwise, takes_grad_scale = TORCH_FACTS[cls.__name__] if is_torch else (False, False)
+        pointwise, takes_grad_scale, sharding = TORCH_FACTS[cls.__name__] if is_torch else (False, False, "unknown")
+        sharding = PACKAGE_SHARDING.get(f"{cls.__module__.partition('.')[0]}:{cls.__name__}", sharding)
         if groups is None:
             groups = cls.__name__ not in SINGLE_GROUP if is_torch else getattr(cls, "supports_groups", False)
         passes_closure = is_torch and cls.__name__ in PASSES_CLOSURE
@@ -111,6 +122,7 @@ def adapt(cls: type[torch.optim.Optimizer], *, groups: bool | None = None) -> ty
             "supports_memory_efficient_fp16": getattr(cls, "supports_memory_efficient_fp16", False),
             # the class's own declaration (a property too), else what optcore knows of it
             "lr_schedule": inspect.getattr_static(cls, "lr_schedule", None) or known_lr_schedule(cls) or "any",
+            "sharding": getattr(cls, "sharding", sharding),
             "_passes_closure": passes_closure,
             "flat_params_unsupported_reason": getattr(cls, "flat_params_unsupported_reason", "") or reason,
             # Looked up once here, not per step: torch.compile cannot trace

@@ -39,6 +39,7 @@ class ContractMixin:
     supports_step_with_scale: bool = False  # not a ClassVar: _adapt makes it a property
     supports_flat_params: ClassVar[bool] = False
     supports_groups: ClassVar[bool] = True
+    sharding: ClassVar[str] = "unknown"  # how the update couples elements: _torch_facts.SHARDING_KINDS
     flat_params_unsupported_reason: ClassVar[str] = ""
     lr_schedule: str = "any"  # one of LR_SCHEDULES; not a ClassVar: a property may judge the groups
 

@@ -21,15 +21,18 @@ _LOAD_LOCK = threading.RLock()
 
 @dataclass(frozen=True)
 class Capabilities:
-    """The contract's capability flags, as true of the default build."""
+    """The contract's capability flags, as true of the default build; ``sharding``:
+    how its update couples elements (``elementwise``, ``factored``, ``per_tensor``,
+    ``global`` or ``unknown``), which says where it can step a shard alone."""
 
     memory_efficient_fp16: bool = False
     step_with_scale: bool = False
     flat_params: bool = False
     groups: bool = True
+    sharding: str = "unknown"
 
-    def as_dict(self) -> dict[str, bool]:
-        return {f"supports_{flag}": value for flag, value in asdict(self).items()}
+    def as_dict(self) -> dict[str, bool | str]:
+        return {flag if flag == "sharding" else f"supports_{flag}": v for flag, v in asdict(self).items()}
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,26 +1,58 @@
 """What is true of each ``torch.optim`` class, and of the third-party classes optcore
-knows, as plain data (no pydantic import, so that resolving and listing names
-stays cheap)."""
+knows (their lr schedules, how they couple their elements), as plain data (no pydantic
+import, so that resolving and listing names stays cheap)."""
 
 from __future__ import annotations
 
-#: name -> (pointwise update: works on one flat param, fused kernel takes ``grad_scale``)
-TORCH_FACTS: dict[str, tuple[bool, bool]] = {
-    "SGD": (True, True),
-    "Adam": (True, True),
-    "AdamW": (True, True),
-    "Adamax": (True, False),
-    "NAdam": (True, False),
-    "RAdam": (True, False),
-    "RMSprop": (True, False),
-    "Adagrad": (True, True),
-    "Adadelta": (True, False),
-    "ASGD": (True, False),
-    "Rprop": (True, False),
-    "LBFGS": (False, False),
-    "SparseAdam": (False, False),
-    "Adafactor": (False, False),  # factored second moment needs the shape
-    "Muon": (False, False),  # orthogonalises 2-D updates
+#: How an update couples elements, so what a shard of a tensor can compute alone:
+#: per element; per row and column statistics; per whole tensor (an orthogonalised
+#: update, a trust ratio); statistics over all parameters; not known.
+SHARDING_KINDS = ("elementwise", "factored", "per_tensor", "global", "unknown")
+
+#: name -> (pointwise update: works on one flat param, fused kernel takes ``grad_scale``, sharding)
+TORCH_FACTS: dict[str, tuple[bool, bool, str]] = {
+    "SGD": (True, True, "elementwise"),
+    "Adam": (True, True, "elementwise"),
+    "AdamW": (True, True, "elementwise"),
+    "Adamax": (True, False, "elementwise"),
+    "NAdam": (True, False, "elementwise"),
+    "RAdam": (True, False, "elementwise"),
+    "RMSprop": (True, False, "elementwise"),
+    "Adagrad": (True, True, "elementwise"),
+    "Adadelta": (True, False, "elementwise"),
+    "ASGD": (True, False, "elementwise"),
+    "Rprop": (True, False, "elementwise"),
+    "LBFGS": (False, False, "global"),
+    "SparseAdam": (False, False, "elementwise"),
+    "Adafactor": (False, False, "factored"),  # factored second moment needs the shape
+    "Muon": (False, False, "per_tensor"),  # orthogonalises 2-D updates
+}
+
+#: ``module top level:class name`` -> sharding, for third-party classes whose update is known.
+PACKAGE_SHARDING: dict[str, str] = {
+    **dict.fromkeys(
+        ("lion_pytorch:Lion", "timm:Lion", "timm:Adan", "timm:AdaBelief", "timm:NAdamW", "timm:LaProp", "timm:MADGRAD",
+         "timm:RMSpropTF", "timm:SGDW", "optimi:Adam", "optimi:AdamW", "optimi:SGD", "optimi:RAdam", "optimi:Lion",
+         "optimi:Adan", "schedulefree:AdamWScheduleFree", "schedulefree:SGDScheduleFree",
+         "schedulefree:RAdamScheduleFree", "schedulefree:AdamWScheduleFreeClosure"),
+        "elementwise",
+    ),
+    **dict.fromkeys(
+        ("timm:Adafactor", "timm:AdafactorBigVision", "transformers:Adafactor", "pytorch_optimizer:AdaFactor",
+         "pytorch_optimizer:CAME"),
+        "factored",
+    ),
+    **dict.fromkeys(
+        ("timm:Lamb", "timm:Lars", "timm:AdamP", "timm:SGDP", "timm:NvNovoGrad", "timm:Kron", "optimi:StableAdamW",
+         "pytorch_optimizer:Lamb", "pytorch_optimizer:LARS", "pytorch_optimizer:Shampoo", "pytorch_optimizer:SOAP",
+         "pytorch_optimizer:Kron"),
+        "per_tensor",
+    ),
+    **dict.fromkeys(
+        ("pytorch_optimizer:DAdaptAdam", "pytorch_optimizer:DAdaptSGD", "pytorch_optimizer:DAdaptLion",
+         "pytorch_optimizer:Prodigy"),
+        "global",
+    ),
 }
 
 #: Classes that hold one param group only / evaluate the closure themselves.

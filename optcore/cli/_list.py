@@ -16,10 +16,10 @@ from typing import Any
 from .._errors import OptcoreError
 from ._output import console, plain_table
 
-_FLAG_TITLE = "fp16-mem / scale / flat / groups"
+_FLAG_TITLE = "fp16-mem / scale / flat / groups / sharding"
 
 
-def _flags(spec: Any, load: bool) -> dict[str, bool] | None:
+def _flags(spec: Any, load: bool) -> dict[str, bool | str] | None:
     """The capability flags; without ``load``, only those known without running
     plugin or package code (``None`` otherwise: `optcore show NAME` has them)."""
     try:
@@ -29,10 +29,10 @@ def _flags(spec: Any, load: bool) -> dict[str, bool] | None:
     return None if caps is None else caps.as_dict()
 
 
-def _flag_cell(caps: dict[str, bool] | None) -> str:
+def _flag_cell(caps: dict[str, bool | str] | None) -> str:
     if caps is None:
         return "(optcore show NAME)"
-    return " ".join("✓" if v else "·" for v in caps.values()) if caps else "?"
+    return " ".join(v if isinstance(v, str) else "✓" if v else "·" for v in caps.values()) if caps else "?"
 
 
 def cmd_list(args: argparse.Namespace) -> int:

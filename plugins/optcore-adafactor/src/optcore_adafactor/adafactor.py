@@ -101,6 +101,8 @@ class Adafactor(Optimizer):
     supports_step_with_scale: bool = True
     supports_flat_params: ClassVar[bool] = False
     supports_groups: ClassVar[bool] = True
+    #: row and column statistics, RMS terms and update clipping are over each whole tensor
+    sharding: ClassVar[str] = "factored"
     #: What a wrapper that flattens parameters should tell the user.
     flat_params_unsupported_reason: ClassVar[str] = (
         "Adafactor factors the second moment of each weight matrix into row and column "

@@ -160,6 +160,8 @@ class AdaScaleSGD(Optimizer):
     #: the gain and its all-reduce belong to one step over all groups; stepping groups
     #: separately would split one batch's statistics across steps.
     supports_groups: ClassVar[bool] = False
+    #: the gain is one statistic over every gradient of every parameter
+    sharding: ClassVar[str] = "global"
     #: GradScaler hands over grad_scale / found_inf instead of unscaling .grad, which
     #: keeps the hook-recorded and the final gradients on the same scale.
     _step_supports_amp_scaling = True

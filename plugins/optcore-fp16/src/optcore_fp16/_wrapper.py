@@ -187,6 +187,11 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
     def supports_groups(self) -> bool:
         return bool(getattr(self.optimizer, "supports_groups", False))
 
+    @property  # type: ignore[override]
+    def sharding(self) -> str:
+        """The inner optimizer's: the wrapper casts and scales element by element."""
+        return str(getattr(self.optimizer, "sharding", "unknown"))
+
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
 

@@ -1,0 +1,131 @@
+"""The ``sharding`` capability: how each optimizer's update couples elements.
+
+Declared by plugins, known for torch's classes and the third-party classes in
+optcore's table, ``"unknown"`` otherwise; the spec and the built optimizer say
+the same, and ``optcore list --all`` / ``optcore show`` print it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import warnings
+
+import pytest
+import torch
+
+import optcore
+from optcore._torch_facts import PACKAGE_SHARDING, SHARDING_KINDS, TORCH_FACTS
+from optcore.cli import main
+
+EXPECTED = {
+    "torch:AdamW": "elementwise",
+    "torch:SGD": "elementwise",
+    "torch:Adafactor": "factored",
+    "torch:Muon": "per_tensor",
+    "torch:LBFGS": "global",
+    "optcore-lion:Lion": "elementwise",
+    "optcore-adafactor:Adafactor": "factored",
+    "optcore-adascale:AdaScaleSGD": "global",
+    "lion_pytorch:Lion": "elementwise",
+    "pytorch_optimizer:Lamb": "per_tensor",
+    "pytorch_optimizer:Prodigy": "global",
+    "pytorch_optimizer:Magma": "unknown",  # not in optcore's table
+}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+
+def _spec(name: str) -> optcore.OptimizerSpec:
+    try:
+        spec = optcore.resolve(name)
+        spec.target
+    except (optcore.OptimizerNotFoundError, optcore.PluginLoadError) as exc:
+        pytest.skip(f"{name} is not available here: {exc}")
+    return spec
+
+
+@pytest.mark.parametrize("name,kind", EXPECTED.items())
+def test_the_spec_and_the_built_optimizer_say_the_same_sharding(name: str, kind: str) -> None:
+    spec = _spec(name)
+    assert spec.capabilities.sharding == kind
+    assert spec.capabilities.as_dict()["sharding"] == kind
+    model = _model()
+    params = {"LBFGS": list(model.parameters()), "Muon": [p for p in model.parameters() if p.ndim == 2]}
+    extra = {"Muon": {"lr": 0.02}, "AdaScaleSGD": {"num_gradients_to_accumulate": 2}}
+    short = name.partition(":")[2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = optcore.build_optimizer({"type": name, **extra.get(short, {})}, params.get(short, model))
+    assert opt.sharding == kind
+
+
+def test_every_torch_class_has_a_known_kind() -> None:
+    for name, (pointwise, _, kind) in TORCH_FACTS.items():
+        assert kind in SHARDING_KINDS[:-1], name
+        assert not pointwise or kind == "elementwise", f"{name}: a pointwise update is elementwise"
+
+
+def test_every_third_party_entry_names_a_class_of_its_package() -> None:
+    """A misspelt entry in the table would silently leave a class 'unknown'."""
+    checked = 0
+    for key, kind in PACKAGE_SHARDING.items():
+        assert kind in SHARDING_KINDS[:-1], key
+        top, _, name = key.partition(":")
+        module = {"timm": "timm.optim", "transformers": "transformers.optimization"}.get(top, top)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cls = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue  # the package is not installed here
+        assert isinstance(cls, type), f"{key}: {module} has no class {name}"
+        assert optcore.adapt(cls).sharding == kind, key
+        checked += 1
+    assert checked >= 10, "too few of the table's packages are installed to check it"
+
+
+def test_a_class_declaration_wins_and_a_bad_value_is_unknown() -> None:
+    class Declared(torch.optim.SGD):
+        sharding = "per_tensor"
+
+    class Misspelt(torch.optim.SGD):
+        sharding = "elementwize"
+
+    class Plain(torch.optim.Optimizer):
+        def __init__(self, params, lr=0.1):
+            super().__init__(params, {"lr": lr})
+
+    assert optcore.adapt(Declared).sharding == "per_tensor"
+    assert optcore._adapt.capabilities(Declared)["sharding"] == "per_tensor"
+    assert optcore._adapt.capabilities(Misspelt)["sharding"] == "unknown"
+    assert optcore.adapt(Plain).sharding == "unknown"
+
+
+@pytest.mark.parametrize("inner,kind", [("optcore-lion:Lion", "elementwise"), ("optcore-adafactor:Adafactor", "factored")])
+@pytest.mark.parametrize("memory_efficient", [False, True])
+def test_a_precision_wrapper_has_its_inner_optimizers_sharding(inner: str, kind: str, memory_efficient: bool) -> None:
+    _spec(inner)
+    _spec("optcore-fp16:FP16Optimizer")
+    model = _model().half()
+    config = {"type": inner, "precision": "fp16", "memory_efficient": memory_efficient}
+    opt = optcore.build_optimizer(config, model)
+    assert opt.sharding == kind
+
+
+def test_list_all_and_show_print_the_sharding(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--json", "--all"]) == 0
+    rows = {r["qualified"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["torch:Muon"]["capabilities"]["sharding"] == "per_tensor"
+    assert rows["torch:AdamW"]["capabilities"]["sharding"] == "elementwise"
+    assert main(["list", "--all"]) == 0
+    table = capsys.readouterr().out
+    assert "sharding" in table.splitlines()[1]
+    assert any(line.startswith("Muon") and line.rstrip().endswith("per_tensor") for line in table.splitlines())
+    assert main(["show", "torch:Adafactor"]) == 0
+    assert "sharding=factored" in capsys.readouterr().out
+    assert main(["show", "torch:Adafactor", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["capabilities"]["sharding"] == "factored"
