@@ -394,7 +394,7 @@ def lr_schedule(optimizer: Any) -> str:
         if value not in LR_SCHEDULES:
             raise OptcoreError(
                 f"{type(optimizer).__name__}.lr_schedule is {value!r}; it must be one of {', '.join(LR_SCHEDULES)} "
-                "(optcore.plugin.ContractMixin documents them). Fix the optimizer class's declaration."
+                "(the contract page says what each means). Fix the optimizer class's declaration."
             )
         if value != "any":
             return value
