@@ -17,6 +17,7 @@ import torch
 import optcore
 from optcore._torch_facts import PACKAGE_SHARDING, SHARDING_KINDS, TORCH_FACTS
 from optcore.cli import main
+from optcore.plugin import adapt
 
 EXPECTED = {
     "torch:AdamW": "elementwise",
@@ -83,7 +84,7 @@ def test_every_third_party_entry_names_a_class_of_its_package() -> None:
         except ImportError:
             continue  # the package is not installed here
         assert isinstance(cls, type), f"{key}: {module} has no class {name}"
-        assert optcore.adapt(cls).sharding == kind, key
+        assert adapt(cls).sharding == kind, key
         checked += 1
     assert checked >= 10, "too few of the table's packages are installed to check it"
 
@@ -99,10 +100,10 @@ def test_a_class_declaration_wins_and_a_bad_value_is_unknown() -> None:
         def __init__(self, params, lr=0.1):
             super().__init__(params, {"lr": lr})
 
-    assert optcore.adapt(Declared).sharding == "per_tensor"
+    assert adapt(Declared).sharding == "per_tensor"
     assert optcore._adapt.capabilities(Declared)["sharding"] == "per_tensor"
     assert optcore._adapt.capabilities(Misspelt)["sharding"] == "unknown"
-    assert optcore.adapt(Plain).sharding == "unknown"
+    assert adapt(Plain).sharding == "unknown"
 
 
 @pytest.mark.parametrize("inner,kind", [("optcore-lion:Lion", "elementwise"), ("optcore-adafactor:Adafactor", "factored")])
