@@ -10,7 +10,7 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._literals import parse_optim_args
-from ._values import as_flag
+from ._values import as_flag, short_repr
 
 
 def to_plain(config: Any) -> Any:
@@ -115,7 +115,22 @@ def chain(config: Any, rewrite_hook: Any = None) -> list[dict[str, Any]]:
     merge_kwargs(links[-1], "optim_args")
     if "no_decay" in links[-1]:
         links[-1]["no_decay"] = no_decay_flag(links[-1]["no_decay"])
+    if "param_groups" in links[-1]:
+        links[-1]["param_groups"] = _group_list(links[-1]["param_groups"])
     return links
+
+
+def _group_list(value: Any) -> list[Any]:
+    """``param_groups`` as a list of mappings (``None``: none); the entries' keys are :mod:`._group_rules`'."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)) and all(isinstance(g, Mapping) for g in value):
+        return list(value)
+    raise ConfigError(
+        "param_groups must be a list of {'params': '<regex over parameter names>', <hyper-parameter>: <value>} "
+        f"mappings, got {short_repr(value)}.",
+        problems=[("param_groups", "not a list of mappings")],
+    )
 
 
 def no_decay_flag(value: Any) -> bool:

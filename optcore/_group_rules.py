@@ -42,6 +42,11 @@ def compile_rules(groups: Iterable[Mapping[str, Any]], what: str) -> list[Rule]:
                 f"hyper-parameters to override, got {short_repr(group)}.",
                 problems=[(f"{what}[{i}]", "bad entry")],
             )
+        if not isinstance(group.get("name", ""), str):
+            raise ConfigError(
+                f"{what}[{i}].name names the group and must be a string, got {short_repr(group['name'])}.",
+                problems=[(f"{what}[{i}].name", "not a string")],
+            )
         try:
             pattern = re.compile(group["params"])
         except (re.error, RecursionError, OverflowError) as exc:  # the last two: a pathological pattern

@@ -148,10 +148,10 @@ def build_param_groups(
     groups = []
     taken = {b["overrides"]["name"] for b in buckets.values() if "name" in b["overrides"]}
     split = {(): "decay", (("weight_decay", 0.0),): "no_decay"} if decay_split else {}
-    for i, bucket in enumerate(buckets.values()):
+    for i, (key, bucket) in enumerate(buckets.items()):
         group = {**bucket["overrides"], "params": bucket["params"]}
         if "name" not in group and len(buckets) > 1:  # unique: not a name the config gave, nor another default
-            wanted = (split.get(tuple(bucket["overrides"].items())), f"group{i}", *(f"group{i}_{k}" for k in range(len(taken))))
+            wanted = (split.get(key), f"group{i}", *(f"group{i}_{k}" for k in range(len(taken))))
             group["name"] = next(n for n in wanted if n is not None and n not in taken)
             taken.add(group["name"])
         groups.append(group)

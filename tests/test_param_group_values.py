@@ -1,0 +1,121 @@
+"""Every JSON/YAML value shape in every position of a config's ``param_groups``:
+the value itself, each entry, each key of an entry. Only OptcoreErrors escape,
+and ``optcore.plan``, ``optcore check`` and the build judge each config alike.
+
+Optimizers of every origin: torch's, third-party classes with derived schemas,
+and plugins (whose ``add_param_group`` validates a group's values itself).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import optcore
+from optcore.cli import check_config
+
+OPTIMIZERS = ["SGD", "AdamW", "Adagrad", "lion_pytorch:Lion", "pytorch_optimizer:Lamb", "optcore-lion:Lion",
+              "optcore-adafactor:Adafactor"]
+
+scalars = (
+    st.integers(-3, 3) | st.floats(allow_nan=True, allow_infinity=True) | st.booleans() | st.none()
+    | st.text(max_size=5) | st.sampled_from(["0.9", "(0.9, 0.95)", "true", "1e-3", "^0\\.", "[0.9, 0.95]"])
+)
+#: every shape a JSON or YAML value takes: scalars, lists, nested lists, mappings, and the empty ones
+shapes = st.one_of(
+    scalars,
+    st.lists(scalars, max_size=3),
+    st.lists(st.lists(scalars, max_size=2), max_size=2),
+    st.dictionaries(st.sampled_from(["params", "lr", "type", "a", "0"]), scalars, max_size=2),
+    st.sampled_from([[], {}, [[]], [{}], [0.9, 0.95], {"type": "SGD", "lr": 0.1}]),
+)
+#: keys of a group: its regex, its meta keys, hyper-parameters, a per-group optimizer, an unknown one
+GROUP_KEYS = ["params", "name", "lr_scale", "optional", "lr", "betas", "weight_decay", "eps", "momentum", "optimizer",
+              "foo"]
+#: regexes that each match one parameter of MODEL, so no verdict depends on the model's names
+REGEXES = ["^0\\.weight$", "bias$"]
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(2, 2))
+
+
+group = st.builds(
+    lambda regex, extra: {"params": regex, **extra},
+    st.sampled_from(REGEXES),
+    st.dictionaries(st.sampled_from(GROUP_KEYS), shapes, max_size=3),
+)
+param_groups = st.one_of(
+    shapes,  # the value of param_groups itself
+    st.lists(shapes, min_size=1, max_size=2),  # its entries
+    st.lists(group, min_size=1, max_size=2, unique_by=lambda g: g["params"] if isinstance(g["params"], str) else id(g)),
+)
+
+
+def verdict(fn) -> str | None:
+    """``None`` when ``fn()`` succeeds, the error's first line when it raises an OptcoreError;
+    any other exception fails the test."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn()
+    except optcore.OptcoreError as exc:
+        return str(exc).splitlines()[0] or type(exc).__name__
+    return None
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(groups=param_groups)
+def test_param_group_values_of_every_shape(name, groups):
+    config = {"type": name, "lr": 1e-3, "weight_decay": 0.01, "param_groups": groups}
+    built = verdict(lambda: optcore.build_optimizer(config, model()))
+    planned = verdict(lambda: optcore.plan(config))
+    checked = check_config(config)
+    assert (planned is None) == (built is None), (config, planned, built)
+    assert (not checked) == (built is None), (config, checked, built)
+
+
+@pytest.mark.parametrize("value", [1, 1.5, "^0\\.", True, {}, {"params": "^0\\."}, [1], [[{"params": "bias$"}]]])
+def test_param_groups_that_are_no_list_of_mappings_are_config_errors(value):
+    config = {"type": "SGD", "lr": 0.1, "param_groups": value}
+    with pytest.raises(optcore.ConfigError, match=r"param_groups"):
+        optcore.plan(config)
+    with pytest.raises(optcore.ConfigError, match=r"param_groups"):
+        optcore.build_optimizer(config, model())
+    assert check_config(config)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_list_value_for_a_tuple_field_builds(name):
+    """YAML's natural spelling of betas (``betas: [0.9, 0.95]``) inside a group."""
+    spec = optcore.resolve(name)
+    if "betas" not in spec.schema.model_fields:
+        pytest.skip(f"{name} has no betas")
+    config = {"type": name, "lr": 1e-3, "param_groups": [{"params": "^0\\.weight$", "betas": [0.9, 0.95]}]}
+    assert check_config(config) == []
+    opt = optcore.build_optimizer(config, model())
+    betas = [g["betas"] for g in opt.param_groups if len(g["params"]) == 1 and g["params"][0].dim() == 2]
+    assert [tuple(b) for b in betas] == [(0.9, 0.95)]
+
+
+def test_a_dict_value_is_a_config_error_naming_the_field():
+    config = {"type": "AdamW", "param_groups": [{"params": "^0\\.weight$", "optimizer": {"type": "SGD", "lr": 0.1}}]}
+    for fn in (lambda: optcore.plan(config), lambda: optcore.build_optimizer(config, model())):
+        with pytest.raises(optcore.ConfigError) as info:
+            fn()
+        assert any(field.endswith("optimizer") for field, _ in info.value.problems)
+
+
+@pytest.mark.parametrize("bad", [["a"], 3, {"x": 1}, None, math.nan])
+def test_a_group_name_that_is_no_string_is_a_config_error(bad):
+    config = {"type": "SGD", "lr": 0.1, "param_groups": [{"params": "^0\\.weight$", "name": bad}]}
+    for fn in (lambda: optcore.plan(config), lambda: optcore.build_optimizer(config, model())):
+        with pytest.raises(optcore.ConfigError, match=r"param_groups\[0\]\.name"):
+            fn()
