@@ -25,11 +25,12 @@ def build_optimizer(config: Any, params_or_model: Any, *, allow_import_paths: bo
     return construct(plan(config, params_or_model, allow_import_paths=allow_import_paths))
 
 
-def construct(plan_: BuildPlan) -> Any:
-    """The optimizer of a plan made with parameters."""
+def construct(plan_: BuildPlan, *, announce: bool = True) -> Any:
+    """The optimizer of a plan made with parameters; ``announce=False`` calls no
+    ``optcore_optimizer_built`` hook (a trial construction, not a build)."""
     spec = plan_.spec
     if plan_.inner is not None:
-        inner = construct(plan_.inner)
+        inner = construct(plan_.inner, announce=announce)
         with rejected_config(spec, config={**plan_.hparams, "type": spec.qualified}):
             return spec.target(inner, **plan_.hparams)
     if plan_.groups is None:
@@ -37,7 +38,8 @@ def construct(plan_: BuildPlan) -> Any:
     with rejected_config(spec, config={**plan_.hparams, "type": spec.qualified}):
         optimizer = _call(spec, [dict(g) for g in plan_.groups], dict(plan_.hparams))
     optimizer.optcore_spec = spec  # type: ignore[attr-defined]
-    (plan_.hooks or get_plugin_manager().hook).optcore_optimizer_built(optimizer=optimizer, config={**plan_.hparams, "type": spec.name})
+    if announce:
+        (plan_.hooks or get_plugin_manager().hook).optcore_optimizer_built(optimizer=optimizer, config={**plan_.hparams, "type": spec.name})
     return optimizer
 
 

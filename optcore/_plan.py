@@ -165,7 +165,7 @@ def _check_overrides(plan_: BuildPlan, groups: list[dict[str, Any]]) -> None:
 
 
 def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
-    spec, hparams = plan_.spec, dict(plan_.hparams)
+    spec, hparams = plan_.spec, plan_.hparams
     policies: list[Mapping[str, Any]] = []
     if isinstance(params_or_model, torch.nn.Module):
         results = plan_.hooks.optcore_param_group_policies(
@@ -180,6 +180,13 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
         policies=policies,
         leaf_only=not hparams.get("differentiable", False),  # torch steps non-leaf params only then
     )
+    return with_groups(plan_, groups)
+
+
+def with_groups(plan_: BuildPlan, groups: list[dict[str, Any]]) -> BuildPlan:
+    """The plan completed with ``groups``: their overrides validated, ``lr_scale``
+    applied, the implementation chosen (``optcore check`` passes stand-in groups)."""
+    spec, hparams = plan_.spec, dict(plan_.hparams)
     _check_overrides(plan_, groups)
     for group in groups:
         # a tensor lr stays a tensor (torch.compile's recipe), one per group: a scheduler fills it in place

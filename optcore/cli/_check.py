@@ -1,8 +1,9 @@
 """``optcore check FILE...``: the build's own validation, without parameters.
 
 Every optimizer config in the file goes through :func:`optcore.plan` (the
-road every build takes), every scheduler config through
-:func:`optcore.schedulers.validate_scheduler_config`; nothing is constructed.
+road every build takes) and then its classes' own constructors over stand-in
+parameters on the meta device (:mod:`._trial`), every scheduler config through
+:func:`optcore.schedulers.validate_scheduler_config`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def check_config(data: Any, *, allow_import_paths: bool | None = None) -> list[s
     constructing anything; return the error messages (empty when valid)."""
     from .._config import to_plain  # pydantic and torch: imported when a check runs, not for --help
     from .._plan import plan
+    from ._trial import trial_construct
 
     errors: list[str] = []
     plain = to_plain(data)
@@ -48,7 +50,7 @@ def check_config(data: Any, *, allow_import_paths: bool | None = None) -> list[s
 
                 validate_scheduler_config(cfg, total, allow_import_paths=allow_import_paths)
             else:
-                plan(cfg, allow_import_paths=allow_import_paths)
+                trial_construct(plan(cfg, allow_import_paths=allow_import_paths))
         except OptcoreError as exc:
             errors.append(str(exc))
     return errors
