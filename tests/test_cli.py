@@ -40,7 +40,7 @@ def test_show(capsys):
     (".yaml", "optimizer:\n  type: Lion\n  lr: 1e-4\nlr_scheduler:\n  type: cosine\n  warmup_steps: 10\nnum_training_steps: 100\n", True),
     (".toml", 'type = "SGD"\nlr = 0.1\nmomentum = 0.9\n', True),
     (".json", '{"type": "AdamW", "lr": -1, "bettas": [0.9, 0.9]}', False),
-    (".yaml", "optimizer: {type: AdamW}\nlr_scheduler: {type: cosine}\n", False),
+    (".yaml", "optimizer: {type: AdamW}\nlr_scheduler: {type: cosine, warmup_steps: -5}\n", False),
     (".json", "{not json", False),
 ])
 def test_check(tmp_path, capsys, suffix, text, ok):

@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="validate JSON/YAML/TOML configs exactly as a build would (exit 1 on errors)")
     p.add_argument("config", nargs="+", metavar="FILE")
+    p.add_argument(
+        "--num-training-steps", type=_positive_int, metavar="N",
+        help="the run length the code passes (optcore.build(..., num_training_steps=N)); it wins over the file's. "
+        "Without it, a schedule whose length no file gives is checked without one, with a note",
+    )
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("schema", help="JSON Schema of config files (for editor completion and CI checks)")
@@ -56,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_applications(sub)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number of steps, got {text!r}")
+    return value
 
 
 def _add_applications(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

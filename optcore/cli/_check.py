@@ -15,10 +15,26 @@ from typing import Any
 from .._errors import OptcoreError
 
 
-def check_config(data: Any, *, allow_import_paths: bool | None = None) -> list[str]:
+#: the run length a schedule is checked with when it comes from code: long enough for any warm-up
+STAND_IN_LENGTH = 10**9
+
+
+def check_config(
+    data: Any,
+    *,
+    allow_import_paths: bool | None = None,
+    num_training_steps: int | None = None,
+    notes: list[str] | None = None,
+) -> list[str]:
     """Validate a config (optimizer alone, optimizer + lr_scheduler, or an
-    ``optcore compare`` file) exactly as a build would, without parameters or
-    constructing anything; return the error messages (empty when valid)."""
+    ``optcore compare`` file) exactly as a build would, without parameters and
+    without allocating; return the error messages (empty when valid).
+
+    ``num_training_steps`` is what ``optcore.build(..., num_training_steps=N)``
+    would pass (it wins over the file's, as there). Without it, a schedule whose
+    length the file does not give is taken to get it at build, as the README's
+    pattern does: it is checked with a stand-in length and a line saying so is
+    appended to ``notes``."""
     from .._config import to_plain  # pydantic and torch: imported when a check runs, not for --help
     from .._plan import plan
     from ._trial import trial_construct
@@ -43,17 +59,34 @@ def check_config(data: Any, *, allow_import_paths: bool | None = None) -> list[s
                 configs.append(("lr_scheduler", entry["lr_scheduler"]))
     else:
         configs = [("optimizer", plain)]
+    total = num_training_steps if num_training_steps is not None else total
     for kind, cfg in configs:
         try:
             if kind == "lr_scheduler":
-                from ..schedulers import validate_scheduler_config
-
-                validate_scheduler_config(cfg, total, allow_import_paths=allow_import_paths)
+                _check_scheduler(cfg, total, allow_import_paths, notes)
             else:
                 trial_construct(plan(cfg, allow_import_paths=allow_import_paths))
         except OptcoreError as exc:
             errors.append(str(exc))
     return errors
+
+
+def _check_scheduler(cfg: Any, total: Any, allow_import_paths: bool | None, notes: list[str] | None) -> None:
+    from ..schedulers import validate_scheduler_config
+
+    try:
+        validate_scheduler_config(cfg, total, allow_import_paths=allow_import_paths)
+    except OptcoreError:
+        if total is not None:
+            raise
+        # the length comes from code: what the file says is checked with a stand-in length
+        spec, _ = validate_scheduler_config(cfg, STAND_IN_LENGTH, allow_import_paths=allow_import_paths)
+        if notes is not None:
+            notes.append(
+                f"{spec.name} needs the length of the run and the file does not give it, so it must come from the "
+                "code: optcore.build(config, model, num_training_steps=N). Checked without it; pass "
+                "--num-training-steps N to check with yours."
+            )
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -63,8 +96,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     failed = 0
     for path in args.config:
+        notes: list[str] = []
         try:
-            errors = check_config(load_config_file(path))
+            errors = check_config(load_config_file(path), num_training_steps=args.num_training_steps, notes=notes)
         except OptcoreError as exc:
             errors = [str(exc)]
         if errors:
@@ -74,6 +108,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print("  " + e.replace("\n", "\n  "), file=sys.stderr)
         else:
             print(f"{path}: OK")
+            for note in notes:
+                print(f"  note: {note}")
     if failed and len(args.config) > 1:
         print(f"{failed} of {len(args.config)} files failed", file=sys.stderr)
     return 1 if failed else 0
