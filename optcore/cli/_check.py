@@ -35,32 +35,16 @@ def check_config(
     length the file does not give is taken to get it at build, as the README's
     pattern does: it is checked with a stand-in length and a line saying so is
     appended to ``notes``."""
-    from .._config import to_plain  # pydantic and torch: imported when a check runs, not for --help
-    from .._plan import plan
+    from .._plan import plan  # pydantic and torch: imported when a check runs, not for --help
     from ._trial import trial_construct
 
     errors: list[str] = []
-    plain = to_plain(data)
-    configs: list[tuple[str, Any]] = []
-    total = plain.get("num_training_steps") if isinstance(plain, dict) else None
-    if isinstance(plain, dict) and ("lr_scheduler" in plain or "scheduler" in plain):
-        configs = [("optimizer", plain.get("optimizer")), ("lr_scheduler", plain.get("lr_scheduler", plain.get("scheduler")))]
-    elif isinstance(plain, list) or (isinstance(plain, dict) and "configs" in plain):
-        from ..compare.lineup import entries_from_file  # an `optcore compare` file: a list of runs
-
-        try:
-            entries, options = entries_from_file(plain)
-        except OptcoreError as exc:
-            return [str(exc)]
-        total = options.get("num_training_steps", total)
-        for entry in entries:
-            configs.append(("optimizer", entry.get("optimizer", entry)))
-            if entry.get("lr_scheduler") is not None:
-                configs.append(("lr_scheduler", entry["lr_scheduler"]))
-    else:
-        configs = [("optimizer", plain)]
+    try:
+        configs, total = configs_of(data)
+    except OptcoreError as exc:
+        return [str(exc)]
     total = num_training_steps if num_training_steps is not None else total
-    for kind, cfg in configs:
+    for _, kind, cfg in configs:
         try:
             if kind == "lr_scheduler":
                 _check_scheduler(cfg, total, allow_import_paths, notes)
@@ -71,22 +55,54 @@ def check_config(
     return errors
 
 
-def _check_scheduler(cfg: Any, total: Any, allow_import_paths: bool | None, notes: list[str] | None) -> None:
+def configs_of(data: Any) -> tuple[list[tuple[str, str, Any]], Any]:
+    """The configs a file holds as ``(label, kind, config)``, kind ``"optimizer"`` or
+    ``"lr_scheduler"`` (an optimizer alone, an optimizer with a schedule, or an
+    ``optcore compare`` file's runs, labelled by name), and the file's run length."""
+    from .._config import to_plain
+
+    plain = to_plain(data)
+    total = plain.get("num_training_steps") if isinstance(plain, dict) else None
+    if isinstance(plain, dict) and ("lr_scheduler" in plain or "scheduler" in plain):
+        sched = plain.get("lr_scheduler", plain.get("scheduler"))
+        return [("", "optimizer", plain.get("optimizer")), ("", "lr_scheduler", sched)], total
+    if isinstance(plain, list) or (isinstance(plain, dict) and "configs" in plain):
+        from ..compare.lineup import entries_from_file  # an `optcore compare` file: a list of runs
+
+        entries, options = entries_from_file(plain)
+        configs = []
+        for entry in entries:
+            configs.append((str(entry.get("name", "")), "optimizer", entry.get("optimizer", entry)))
+            if entry.get("lr_scheduler") is not None:
+                configs.append((str(entry.get("name", "")), "lr_scheduler", entry["lr_scheduler"]))
+        return configs, options.get("num_training_steps", total)
+    return [("", "optimizer", plain)], None
+
+
+def scheduler_plan(cfg: Any, total: Any, allow_import_paths: bool | None = None) -> tuple[Any, dict[str, Any], str | None]:
+    """The scheduler's spec, its validated arguments and, when its length must come
+    from the code (``total`` is ``None`` and the config gives none), a note saying so
+    (the arguments then hold a stand-in length)."""
     from ..schedulers import validate_scheduler_config
 
     try:
-        validate_scheduler_config(cfg, total, allow_import_paths=allow_import_paths)
+        spec, kwargs = validate_scheduler_config(cfg, total, allow_import_paths=allow_import_paths)
+        return spec, kwargs, None
     except OptcoreError:
         if total is not None:
             raise
         # the length comes from code: what the file says is checked with a stand-in length
-        spec, _ = validate_scheduler_config(cfg, STAND_IN_LENGTH, allow_import_paths=allow_import_paths)
-        if notes is not None:
-            notes.append(
-                f"{spec.name} needs the length of the run and the file does not give it, so it must come from the "
-                "code: optcore.build(config, model, num_training_steps=N). Checked without it; pass "
-                "--num-training-steps N to check with yours."
-            )
+        spec, kwargs = validate_scheduler_config(cfg, STAND_IN_LENGTH, allow_import_paths=allow_import_paths)
+    return spec, kwargs, (
+        f"{spec.name} needs the length of the run and the file does not give it, so it must come from the "
+        "code: optcore.build(config, model, num_training_steps=N)."
+    )
+
+
+def _check_scheduler(cfg: Any, total: Any, allow_import_paths: bool | None, notes: list[str] | None) -> None:
+    _, _, note = scheduler_plan(cfg, total, allow_import_paths)
+    if note and notes is not None:
+        notes.append(f"{note} Checked without it; pass --num-training-steps N to check with yours.")
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import OptcoreError, OptimizerNotFoundError, SchedulerNotFoundError
-from ._output import console
+from ._output import console, table
 
 #: Implementation switches are listed after the hyper-parameters.
 _SWITCHES = ("maximize", "foreach", "differentiable", "fused", "capturable")
@@ -142,8 +142,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
-    from rich.table import Table
-
     out = console()
     out.print(f"[bold]{info['name']}[/bold]  ({info['source']}, {info['provider']}; select with {info['qualified']!r})")
     if info.get("description"):
@@ -154,43 +152,63 @@ def cmd_show(args: argparse.Namespace) -> int:
         out.print("Capabilities: " + ", ".join(f"{k}={v}" for k, v in info["capabilities"].items()))
     if info.get("implementation"):
         out.print(f"Implementation: {info['implementation']}")
-    table = Table(title="hyper-parameters")
-    for col in ("field", "type", "default", "constraints", "description"):
-        table.add_column(col, overflow="fold")
+    columns = ("field", "type", "default", "constraints", "description")
+    fields = table("hyper-parameters", columns)
     for row in info["fields"]:
-        table.add_row(*(str(row[c]) for c in ("field", "type", "default", "constraints", "description")))
-    out.print(table)
+        fields.add_row(*(str(row[c]) for c in columns))
+    out.print(fields)
     return 0
 
 
 def _show_plan(args: argparse.Namespace) -> int:
-    """The build plan of a config file: what a build would resolve, validate and wrap."""
-    from .._config import to_plain
-    from ..files import load_config_file
+    """What a build of a config file does: the optimizer's plan (resolved type,
+    validated hyper-parameters, regex and automatic param groups, the wrapper
+    chain) and the schedule; every run of an ``optcore compare`` file."""
     from .._plan import plan
+    from ..files import load_config_file
+    from ._check import configs_of, scheduler_plan
 
-    data = to_plain(load_config_file(args.config))
-    optimizer = data.get("optimizer", data) if isinstance(data, dict) and "type" not in data else data
-    info = _plan_info(plan(optimizer))
+    configs, total = configs_of(load_config_file(args.config))
+    runs: list[dict[str, Any]] = []
+    for label, kind, cfg in configs:
+        if kind == "optimizer":
+            runs.append({**({"name": label} if label else {}), **_plan_info(plan(cfg))})
+        else:
+            runs[-1]["lr_scheduler"] = _scheduler_info(*scheduler_plan(cfg, total))
     if args.json:
-        print(json.dumps(info, indent=2, default=str))
+        print(json.dumps(runs if len(runs) > 1 or "name" in runs[0] else runs[0], indent=2, default=str))
         return 0
     out = console()
-    level: dict[str, Any] | None = info
-    depth = 0
+    for run in runs:
+        if "name" in run:
+            out.print(f"[bold]run {run['name']}[/bold]", highlight=False)
+        _print_level(out, run, "  " if "name" in run else "")
+        sched = run.get("lr_scheduler")
+        if sched is not None:
+            pad = "  " if "name" in run else ""
+            out.print(f"{pad}lr_scheduler: [bold]{sched['type']}[/bold] ({sched['source']}, {sched['provider']})",
+                      highlight=False)
+            for key, value in sched["arguments"].items():
+                out.print(f"{pad}  {key} = {value!r}", highlight=False)
+            if sched.get("note"):
+                out.print(f"{pad}  note: {sched['note']}", highlight=False)
+    return 0
+
+
+def _print_level(out: Any, level: dict[str, Any] | None, pad: str) -> None:
     while level is not None:
-        pad = "  " * depth
         out.print(f"{pad}[bold]{level['type']}[/bold] ({level['source']}, {level['provider']})", highlight=False)
         for key, value in level["hparams"].items():
             mark = "" if key in level["explicit"] else "  [dim](default)[/dim]"
             out.print(f"{pad}  {key} = {value!r}{mark}", highlight=False)
+        if level.get("no_decay_group"):
+            out.print(f"{pad}  no-decay group: {level['no_decay_group']}", highlight=False)
         for i, group in enumerate(level.get("param_groups", [])):
             out.print(f"{pad}  param_groups[{i}]: {group}", highlight=False)
         level = level.get("wraps")
         if level is not None:
             out.print(f"{pad}  wraps:")
-        depth += 2
-    return 0
+        pad += "    "
 
 
 def _plan_info(plan_: Any) -> dict[str, Any]:
@@ -203,6 +221,10 @@ def _plan_info(plan_: Any) -> dict[str, Any]:
         "hparams": {k: _jsonable(v) for k, v in plan_.hparams.items()},
         "explicit": sorted(plan_.explicit),
     }
+    if plan_.inner is None:
+        no_decay = _no_decay_group(plan_)
+        if no_decay:
+            out["no_decay_group"] = no_decay
     if plan_.group_specs:
         out["param_groups"] = [_jsonable(g) for g in plan_.group_specs]
     if not plan_.no_decay:
@@ -210,6 +232,27 @@ def _plan_info(plan_: Any) -> dict[str, Any]:
     if plan_.inner is not None:
         out["wraps"] = _plan_info(plan_.inner)
     return out
+
+
+def _no_decay_group(plan_: Any) -> str | None:
+    """The group the build adds on its own over a model (API.md), in words."""
+    if "weight_decay" not in plan_.spec.schema.model_fields:
+        return None
+    decay = plan_.hparams.get("weight_decay")
+    if not plan_.no_decay:
+        return f"none ('no_decay': false): biases and normalisation weights keep weight_decay={decay!r}"
+    if not decay:
+        return None
+    return ("weight_decay=0.0 for biases and normalisation weights, when built over an nn.Module "
+            "('no_decay': false turns it off)")
+
+
+def _scheduler_info(spec: Any, kwargs: dict[str, Any], note: str | None) -> dict[str, Any]:
+    arguments = {k: _jsonable(v) for k, v in kwargs.items()}
+    if note and spec.total_field in arguments:
+        arguments[spec.total_field] = "given at build: optcore.build(..., num_training_steps=N)"
+    return {"type": spec.qualified, "source": spec.source, "provider": spec.provider, "arguments": arguments,
+            **({"note": note} if note else {})}
 
 
 def _jsonable(value: Any) -> Any:
