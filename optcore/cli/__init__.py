@@ -3,8 +3,10 @@
 
 ``optcore --help`` imports neither torch nor pydantic: each subcommand imports
 what it needs when it runs. Output is a rich table on a terminal, plain
-aligned text when piped, and JSON with ``--json``; an error is one message on
-stderr (no traceback) and exit code 1.
+aligned text when piped or without rich (``list``, ``show``, ``check`` and
+``schema`` need no extra), and JSON with ``--json``; an error is one message on
+stderr (no traceback) and exit code 1, also for an application run without its
+extra (``compare``, ``train`` and ``memory`` need ``optcore[compare]``).
 """
 
 from __future__ import annotations
@@ -87,6 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OptcoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"error: optcore {args.command} needs {exc.name}, which is not installed: "
+              f"pip install 'optcore[{extra}]'.", file=sys.stderr)  # fmt: skip
+        return 1
+
+
+#: the optional packages the applications import, and the extra that installs each
+EXTRAS = {"rich": "compare", "matplotlib": "compare", "yaml": "yaml"}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from .._errors import OptcoreError
-from ._output import console, plain_table
+from ._output import console, table
 
 _FLAG_TITLE = "fp16-mem / scale / flat / groups / sharding"
 
@@ -62,16 +61,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         for r in rows
     ]
     title = f"optcore {'schedulers' if args.schedulers else 'optimizers'} ({len(rows)})"
-    if not sys.stdout.isatty():  # piped or redirected: every cell whole, nothing cut at 80 columns
-        print(title)
-        print(plain_table(header, cells))
-        return 0
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in header:
-        table.add_column(col, overflow="fold")
+    out = table(title, header)
     for row_cells in cells:
-        table.add_row(*row_cells)
-    console().print(table)
+        out.add_row(*row_cells)
+    console().print(out)
     return 0

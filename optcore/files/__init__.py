@@ -28,6 +28,14 @@ from ._yaml import load_yaml
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "load_config_file"]
 
 
+def _has_yaml() -> bool:
+    try:
+        import yaml  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _size(n: int) -> str:
     return f"{n / 1024 / 1024:.1f} MiB" if n >= 1024 * 1024 else f"{n} bytes"
 
@@ -67,6 +75,12 @@ def load_config_file(
             f"(line {line}) cannot be decoded. Save the file as UTF-8.",
             problems=[("<file>", "not UTF-8")],
         ) from None
+    if suffix in (".yaml", ".yml") and not _has_yaml():
+        raise ConfigError(
+            f"Reading {shown} needs PyYAML, which is not installed: pip install 'optcore[yaml]' "
+            "(or write the config as JSON or TOML, which need nothing more).",
+            problems=[("<file>", "PyYAML is not installed")],
+        )
     try:
         if suffix in (".yaml", ".yml"):
             return load_yaml(text, max_depth, max_nodes)
