@@ -137,6 +137,30 @@ def test_factory_refuses_an_optimizer_without_lr():
         factory()(torch.nn.Linear(2, 2), **kwargs)
 
 
+@pytest.mark.parametrize("precision", [None, "bf16"])
+def test_relative_step_adafactor_with_the_pass_through_schedule_logs_its_step_size(example, tmp_path, precision):
+    """The config's own ``pass_through`` schedule (no AppliedLR): the Trainer logs
+    the step size the optimizer applied, as transformers' AdafactorSchedule
+    reports it, not ``None``; through a precision wrapper too."""
+    pytest.importorskip("optcore_adafactor")
+    model, args = example.tiny_model(), example.training_args(str(tmp_path), 3)
+    optimizer = {"type": "optcore-adafactor:Adafactor", **({"precision": precision} if precision else {})}
+    if precision:
+        model = model.to(torch.bfloat16)
+    config = {"optimizer": optimizer, "lr_scheduler": {"type": "pass_through"}}
+    trainer = Trainer(model, args, train_dataset=example.RepeatingTokens(), optimizers=hf.optimizers(config, model, args))
+    trainer.train()
+    logged = [e["learning_rate"] for e in trainer.state.log_history if "loss" in e]
+    adafactor = optcore.unwrap(trainer.optimizer)
+    adafactor = getattr(adafactor, "optimizer", adafactor)  # inside the precision wrapper
+    assert adafactor.param_groups[0]["lr"] is None
+    assert len(logged) == 3 and all(isinstance(lr, float) and lr > 0 for lr in logged)
+    assert logged[-1] == pytest.approx(adafactor.get_lrs()[0])
+    # transformers' own schedule reports the same: the relative step size of the last step times max(eps2, RMS)
+    state = adafactor.state[adafactor.param_groups[0]["params"][0]]
+    assert logged[-1] == pytest.approx(float(transformers.optimization.Adafactor._get_lr(adafactor.param_groups[0], state)), rel=1e-5)
+
+
 def test_unwrap_reaches_the_optcore_optimizer_inside_the_trainers_wrapper(example, tmp_path):
     trainer = example.train_with_optimizers(str(tmp_path), steps=2)
     wrapper = trainer.optimizer

@@ -108,6 +108,18 @@ class PassThroughSchedule(LRScheduler):
     def get_lr(self) -> list[float | Tensor]:
         return [g.get("lr") for g in self.optimizer.param_groups]
 
+    def get_last_lr(self) -> list[Any]:
+        """Each group's lr; where a group has none (the optimizer computes its own
+        step size), the step sizes the optimizer reports it applied (its
+        ``get_lrs()``), as transformers' ``AdafactorSchedule`` does, so a
+        trainer logs a number."""
+        if all(lr is not None for lr in self._last_lr):
+            return list(self._last_lr)
+        try:
+            return [float(lr) for lr in self.optimizer.get_lrs()]  # type: ignore[attr-defined]
+        except (AttributeError, TypeError, ValueError):  # not optcore's contract: what the groups hold
+            return list(self._last_lr)
+
     def step(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         inner = self._inner()
         if inner is not None:

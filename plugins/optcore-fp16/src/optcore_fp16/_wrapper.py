@@ -183,6 +183,14 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
         """The inner optimizer's state (keyed by the tensors it steps)."""
         return self.optimizer.state
 
+    def get_lr(self) -> Any:
+        """The inner optimizer's, which may know the step size it applied where
+        the group has no lr (relative-step Adafactor)."""
+        return self.optimizer.get_lr() if is_contract(self.optimizer) else super().get_lr()
+
+    def get_lrs(self) -> list[Any]:
+        return self.optimizer.get_lrs() if is_contract(self.optimizer) else super().get_lrs()
+
     @property  # type: ignore[override]
     def supports_groups(self) -> bool:
         return bool(getattr(self.optimizer, "supports_groups", False))
