@@ -53,6 +53,19 @@ def relative_step_size(step: int, warmup_init: bool) -> float:
     return min(1e-6 * step if warmup_init else 1e-2, 1.0 / math.sqrt(step))
 
 
+def _store_rms(pairs: list[tuple[Tensor, Tensor]]) -> None:
+    """RMS(X_{t-1}) into the state of parameters whose step size does not use it
+    (``scale_parameter=False``), as Hugging Face's Adafactor stores it, so
+    checkpoints match: one fused norm per device and dtype, no host read."""
+    for low in (True, False):  # fp16/bf16 accumulated in fp32
+        chosen = [(r, p) for r, p in pairs if (p.dtype in _LOW_PRECISION) == low]
+        if chosen:
+            params = [p for _, p in chosen]
+            norms = torch._foreach_norm(params, 2, dtype=torch.float32 if low else None)
+            roots = [math.sqrt(max(1, p.numel())) for p in params]
+            torch._foreach_copy_([r for r, _ in chosen], torch._foreach_div(list(norms), roots))
+
+
 def _rms(x: Tensor) -> float:
     """Root mean square, accumulated in at least fp32 (``dot`` is the fastest
     reduction over a contiguous fp32 tensor on CPU)."""
@@ -286,6 +299,7 @@ class Adafactor(Optimizer):
         for (group, p), state_shapes in zip(work, shapes):  # after every check: an error leaves nothing half-updated
             if state_shapes is not None:
                 self._init_state(group, p, state_shapes)
+        _store_rms([(self.state[p]["RMS"], p) for group, p in work if not group["scale_parameter"]])
         rest, batched, scalars_of = [], [], {}
         for (group, p), ptrs in zip(work, known):  # fp32 CPU matrices and vectors: all in one C call
             state = self.state[p]
