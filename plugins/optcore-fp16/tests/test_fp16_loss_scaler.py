@@ -245,6 +245,39 @@ def test_scale_never_grows_past_the_gradient_dtype() -> None:
     assert torch.isfinite(torch.tensor(ref.get_scale()))
 
 
+def test_the_sequence_is_grad_scalers_up_to_the_cap_as_the_docs_say() -> None:
+    """The docs' statement, both halves: with tolerance 0 the scale sequence is
+    GradScaler's while it stays below the fp16 maximum; GradScaler then grows to
+    65536 and beyond, where the gradient of an fp16 loss (the scale itself) is inf
+    and the step overflows, while the cap holds at 32768 and skips nothing."""
+    ours = DynamicLossScaler(init_scale=2.0**10, scale_window=2)
+    ref = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=2)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+    seen, theirs = [], []
+    for _ in range(20):
+        seen.append(ours.loss_scale)
+        theirs.append(ref.get_scale())
+        ref.scale(opt.param_groups[0]["params"][0].sum() * 0).backward()  # a clean step for GradScaler
+        ref.step(opt)
+        ref.update()
+        ours.update(False)
+    below = [i for i, v in enumerate(theirs) if v <= torch.finfo(torch.float16).max]
+    assert [seen[i] for i in below] == [theirs[i] for i in below]
+    assert max(seen) == 2.0**15 and max(theirs) > 2.0**16
+    fp16_loss = torch.ones((), dtype=torch.float16, requires_grad=True)
+    (fp16_loss.float() * 2.0**16).backward()  # what the wrappers' backward does at GradScaler's next scale
+    assert torch.isinf(fp16_loss.grad)
+    fp16_loss.grad = None
+    ours.scale(fp16_loss).backward()
+    assert torch.isfinite(fp16_loss.grad)
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    for page in (root / "plugins" / "optcore-fp16" / "README.md", root / "docs" / "precision.md"):
+        claim = " ".join(page.read_text().split("scale_window` (tested", 1)[1].split("\n\n", 1)[0].split())
+        assert "32768" in claim and "65536" in claim, f"{page.name} says the sequence is GradScaler's without its cap"
+
+
 def test_scale_is_capped_in_training_and_a_too_large_init_is_lowered() -> None:
     model = mlp(torch.float16)
     opt = FP16Optimizer(adamw(model, lr=1e-4), loss_scaler={"scale_window": 1})
