@@ -134,3 +134,33 @@ def test_show_names_each_member_when_a_tuples_members_differ():
     # a union's alternatives (Adan's betas: two or three) share theirs; None adds none
     assert _member_constraints(tuple[positive, positive] | tuple[positive, positive, positive] | None) == ["each > 0"]
     assert _member_constraints(tuple[positive, positive] | tuple[float, float]) == []
+
+
+def test_a_warning_is_one_clean_line(tmp_path, capsys):
+    """Not Python's form (``.../bin/optcore:8: ShadowedNameWarning: ...`` and the
+    ``sys.exit(main())`` line under it): one ``optcore: warning:`` line per warning."""
+    pytest.importorskip("lion_pytorch")
+    pytest.importorskip("optcore_lion")
+    from optcore._registry import OPTIMIZERS
+
+    OPTIMIZERS._warned.clear()  # the shadowing warning is said once per process
+    path = tmp_path / "lion.yaml"
+    path.write_text("type: Lion\nlr: 1e-4\n")
+    assert main(["check", str(path)]) == 0
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines and all(line.startswith("optcore: warning: ") for line in lines), err
+    assert "Warning:" not in err and "sys.exit" not in err and "resolved to lion_pytorch:Lion" in err
+
+
+def test_the_error_count_counts_problems_not_sections(tmp_path, capsys):
+    """One optimizer section with three bad fields is three errors; with a bad
+    scheduler section beside it, four."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("type: AdamW\nlr: -1\nbettas: [0.9, 0.9]\nweight_decay: -2\n")
+    assert main(["check", str(path)]) == 1
+    assert capsys.readouterr().err.startswith(f"{path}: 3 errors\n")
+    path.write_text("optimizer: {type: AdamW, lr: -1, bettas: [0.9, 0.9], weight_decay: -2}\n"
+                    "lr_scheduler: {type: cosine, warmup_steps: -1}\nnum_training_steps: 10\n")
+    assert main(["check", str(path)]) == 1
+    assert capsys.readouterr().err.startswith(f"{path}: 4 errors\n")

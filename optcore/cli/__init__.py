@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
 from .._errors import OptcoreError
@@ -81,21 +82,30 @@ def _add_applications(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     commands.add_commands(sub)
 
 
+def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+    """A warning as one line a user reads (``optcore: warning: ...``), not
+    Python's form, which points at the console script's ``sys.exit(main())``."""
+    sys.stdout.flush()  # after what the command printed so far
+    print(f"optcore: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except OptcoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except ModuleNotFoundError as exc:
-        extra = EXTRAS.get((exc.name or "").partition(".")[0])
-        if extra is None:
-            raise
-        print(f"error: optcore {args.command} needs {exc.name}, which is not installed: "
-              f"pip install 'optcore[{extra}]'.", file=sys.stderr)  # fmt: skip
-        return 1
+    with warnings.catch_warnings():  # the filters stay; only how a shown warning reads changes
+        warnings.showwarning = _show_warning
+        try:
+            return int(args.func(args) or 0)
+        except OptcoreError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        except ModuleNotFoundError as exc:
+            extra = EXTRAS.get((exc.name or "").partition(".")[0])
+            if extra is None:
+                raise
+            print(f"error: optcore {args.command} needs {exc.name}, which is not installed: "
+                  f"pip install 'optcore[{extra}]'.", file=sys.stderr)  # fmt: skip
+            return 1
 
 
 #: the optional packages the applications import, and the extra that installs each

@@ -42,7 +42,7 @@ def check_config(
     try:
         configs, total = configs_of(data)
     except OptcoreError as exc:
-        return [str(exc)]
+        return [_Message(exc)]
     total = num_training_steps if num_training_steps is not None else total
     for _, kind, cfg in configs:
         try:
@@ -51,7 +51,7 @@ def check_config(
             else:
                 trial_construct(plan(cfg, allow_import_paths=allow_import_paths))
         except OptcoreError as exc:
-            errors.append(str(exc))
+            errors.append(_Message(exc))
     return errors
 
 
@@ -105,6 +105,18 @@ def _check_scheduler(cfg: Any, total: Any, allow_import_paths: bool | None, note
         notes.append(f"{note} Checked without it; pass --num-training-steps N to check with yours.")
 
 
+class _Message(str):
+    """An error's message that knows how many problems it names (a ConfigError
+    lists every bad field of one config), so the count a file gets is theirs."""
+
+    problems: int
+
+    def __new__(cls, exc: OptcoreError) -> _Message:
+        message = super().__new__(cls, str(exc))
+        message.problems = max(1, len(getattr(exc, "problems", None) or ()))
+        return message
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Each file checked on its own (``optcore check configs/*.yaml`` in CI): a
     bad one is named with its errors, and the others are still checked."""
@@ -116,10 +128,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             errors = check_config(load_config_file(path), num_training_steps=args.num_training_steps, notes=notes)
         except OptcoreError as exc:
-            errors = [str(exc)]
+            errors = [_Message(exc)]
         if errors:
             failed += 1
-            print(f"{path}: {len(errors)} error{'s' if len(errors) > 1 else ''}", file=sys.stderr)
+            count = sum(getattr(e, "problems", 1) for e in errors)
+            print(f"{path}: {count} error{'s' if count > 1 else ''}", file=sys.stderr)
             for e in errors:
                 print("  " + e.replace("\n", "\n  "), file=sys.stderr)
         else:
