@@ -43,6 +43,18 @@ def test_params_count_fp32_and_bf16(capsys):
         assert row["state_bytes"] == 8_000_000 + 8_000_000 + 4
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_adagrad_under_a_precision_wrapper_has_its_figure(capsys, precision):
+    """Adagrad makes its state in its constructor: under the wrapper that state
+    lives on the fp32 copy (4 B/param), beside the copy and its gradient (8), so
+    the row is a figure, not a failure with checkpoint advice."""
+    if not _has_fp16():
+        pytest.skip("needs optcore-fp16")
+    row = _rows(_memory(capsys, "--params", "1M", "--optimizers", "torch:Adagrad", "--precision", precision))["torch:Adagrad"]
+    assert row["status"] == "ok" and not row["note"], row
+    assert row["master_bytes"] == 8_000_000 and row["state_bytes"] == 12_000_000 + 4  # + the step counter
+
+
 def _has_fp16() -> bool:
     try:
         optcore.resolve("FP16Optimizer")

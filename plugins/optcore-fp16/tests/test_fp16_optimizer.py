@@ -13,7 +13,7 @@ import torch
 from fp16_helpers import AdamW, ShapedSGD, adamw, all_finite, data, loss_fn, mlp, poison, same, snapshot, without_kernel
 from optcore_fp16 import DynamicLossScaler, FP16Optimizer
 
-from optcore import ConfigError
+from optcore import ConfigError, build_optimizer
 
 STEPS = 60
 
@@ -424,3 +424,46 @@ def test_weights_changed_after_the_build_are_stepped_from_not_overwritten(edit: 
     assert moved < 0.05, f"the step did not start from the new weights (moved {moved:.3g} from them)"
     stale = max(float((p.float() - q.float()).abs().max()) for p, q in zip(model.parameters(), mlp(torch.float16).parameters()))
     assert stale > 0.1  # and it is not back near the weights of before the edit
+
+
+@pytest.mark.parametrize("flat", [True, False])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_an_optimizer_whose_constructor_makes_state_is_wrapped(precision: str, flat: bool) -> None:
+    """torch's Adagrad fills its state (``sum``, ``step = 0``) in ``__init__``:
+    that state moves onto the fp32 copy, and the run is fp32 Adagrad's on that
+    copy (the reference: torch's Adagrad stepping an fp32 model with the
+    half-precision gradients, unscaled). State after a step is still refused."""
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    model = mlp(dtype)
+    ref_model = copy.deepcopy(model).float()  # the same (rounded) start
+    adagrad = {"type": "Adagrad", "lr": 0.05, "initial_accumulator_value": 0.1, "no_decay": False}
+    config = {"type": "FP16Optimizer", "optimizer": adagrad, "precision": precision, "flat": flat}
+    if precision == "fp16":
+        config["loss_scaler"] = {"init_scale": 8.0, "scale_window": 1000}
+    opt = build_optimizer(config, model)
+    inner = opt.optimizer
+    assert opt.flat is flat
+    assert all(p.dtype == torch.float32 for g in inner.param_groups for p in g["params"])
+    assert set(inner.state) == {p for g in inner.param_groups for p in g["params"]}  # keyed by the fp32 copy
+    ref = torch.optim.Adagrad(ref_model.parameters(), lr=0.05, initial_accumulator_value=0.1)
+    x, y = data()
+    for _ in range(5):
+        opt.zero_grad()
+        opt.backward(loss_fn(model, x, y))
+        opt.step()
+        ref.zero_grad()
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            q.grad = p.grad.float() / (opt.loss_scale if precision == "fp16" else 1.0)
+        ref.step()
+        masters = [v for m in opt._masters for v in m.views]
+        with torch.no_grad():  # the fp32 copy steps as fp32 Adagrad does; the model holds it rounded
+            for p, q, master in zip(model.parameters(), ref_model.parameters(), masters):
+                torch.testing.assert_close(master, q, rtol=1e-6, atol=1e-7)  # fused and for-loop kernels
+                torch.testing.assert_close(p.float(), q.to(dtype).float(), rtol=torch.finfo(dtype).eps, atol=1e-6)  # one rounding apart
+    assert all(float(s["step"]) == 5 for s in inner.state.values())
+    stepped = torch.optim.Adagrad(mlp(dtype).parameters(), lr=0.05)
+    for p in stepped.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    stepped.step()
+    with pytest.raises(ConfigError, match="empty state"):
+        FP16Optimizer(stepped, precision=precision, loss_scaler=None)

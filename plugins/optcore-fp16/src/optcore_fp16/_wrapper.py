@@ -94,6 +94,13 @@ def non_finite(tensors: Sequence[Tensor], unscale: float = 1.0) -> bool:
     return bool(torch.stack(found).sum() > 0) if found else False
 
 
+def constructor_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's state is what its constructor made before any step
+    (torch's Adagrad fills ``sum`` and ``step = 0`` in ``__init__``): every
+    entry has a ``step`` of zero. Such state may move to the fp32 copy."""
+    return all("step" in entry and float(entry["step"]) == 0 for entry in optimizer.state.values())
+
+
 class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
     """Base of :class:`FP16Optimizer` and :class:`MemoryEfficientFP16Optimizer`.
 
@@ -132,7 +139,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
             raise ConfigError(
                 f"{name} cannot wrap another precision wrapper ({type(optimizer).__name__}).", target=name
             )
-        if len(optimizer.state) > 0:
+        if len(optimizer.state) > 0 and not constructor_state(optimizer):
             raise ConfigError(
                 f"{name} needs a fresh {type(optimizer).__name__} (empty state): its state would belong to the "
                 "model's half-precision tensors. Wrap the optimizer before the first step, and restore a "

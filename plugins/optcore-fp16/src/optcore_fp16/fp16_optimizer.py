@@ -135,7 +135,8 @@ class FP16Optimizer(PrecisionWrapper):
 
     Args:
         optimizer: an optimizer freshly built on the model's fp16/bf16
-            parameters (its ``param_groups`` are re-pointed to the fp32 copy).
+            parameters (its ``param_groups`` are re-pointed to the fp32 copy;
+            state its constructor made, as torch's Adagrad's, is made again there).
         loss_scaler: options of the :class:`DynamicLossScaler` (fp16 only), or one.
         precision: ``"fp16"`` (dynamic loss scaling) or ``"bf16"`` (none needed).
         flat: one flat fp32 buffer per param group and device. Default: when
@@ -190,10 +191,34 @@ class FP16Optimizer(PrecisionWrapper):
         model_params = list(inner_group["params"])
         trainable = [p for p in model_params if p.requires_grad]
         masters = (_flat_masters if self.flat else _per_tensor_masters)(trainable) if trainable else _Masters([])
+        self._move_state(trainable, inner_group, masters)
         inner_group["params"] = masters.tensors
         masters.mark()
         self._masters.append(masters)
         self.param_groups.append(ParamGroupView(inner_group, model_params))
+
+    def _move_state(self, params: list[Tensor], inner_group: dict[str, Any], masters: _Masters) -> None:
+        """The state the inner optimizer's constructor made for the model's
+        parameters (see :func:`constructor_state`; torch's Adagrad's ``sum``),
+        made again over the fp32 copy by the same constructor with the group's
+        values: a cast would keep the half-precision rounding of its initial
+        value (0.1 is 0.1001 in bf16)."""
+        state = self.optimizer.state
+        if not any(p in state for p in params):
+            return
+        for p in params:
+            state.pop(p, None)
+        cls = type(self.optimizer)
+        try:
+            fresh = cls([{"params": masters.tensors}], **{k: inner_group[k] for k in self.optimizer.defaults if k in inner_group})
+        except Exception as exc:  # noqa: BLE001 - any constructor's refusal
+            raise ConfigError(
+                f"{type(self).__name__}: {cls.__name__}'s constructor made state for the model's half-precision "
+                f"parameters, and making it again over the fp32 copy failed ({type(exc).__name__}: {exc}). "
+                "Use an optimizer that creates its state on the first step, or precision=None.",
+                target=type(self).__name__,
+            ) from exc
+        state.update(fresh.state)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add model parameters: their fp32 copy joins the inner optimizer as a new group."""
