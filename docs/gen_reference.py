@@ -348,6 +348,8 @@ def spec_section(spec: Any, info: dict[str, Any], *, level: int, winner: Any, sc
     lines += [escape(about) if about else "*No docstring.*", ""]
     if info.get("implementation"):
         lines += [f"**Implementation:** {escape(info['implementation'])}.", ""]
+    if info.get("parameters"):
+        lines += [f"**Parameters:** {escape('; '.join(info['parameters']))}.", ""]
     if scheduler:
         needs = []
         if info.get("needs_total"):

@@ -117,7 +117,8 @@ def rejected_config(spec: Any, *, config: Any = None) -> Iterator[None]:
         shown = f" {short_repr(config, 200)}" if config is not None else ""
         raise ConfigError(
             f"{name} rejected its configuration{shown}: {type(exc).__name__}: {detail or '(no message)'}\n"
-            f"Fix the value it names (run `optcore show {getattr(spec, 'name', name)}` for the accepted fields).",
+            f"Fix what it names: a hyper-parameter's value or the parameters it was given (`optcore show "
+            f"{getattr(spec, 'name', name)}` lists the accepted fields and what it takes of the parameters).",
             problems=[("<constructor>", f"{type(exc).__name__}: {detail}")],
             target=getattr(spec, "name", None),
         ) from exc

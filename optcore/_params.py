@@ -98,9 +98,12 @@ def build_param_groups(
     no_decay: Any = True,
     policies: list[Mapping[str, Any]] | None = None,
     leaf_only: bool = True,
+    rules: tuple[tuple[str, object, str], ...] = (),
+    owner: str = "",
 ) -> list[dict[str, Any]]:
     """``weight_decay`` is the optimizer's: no no-decay group unless it is
-    non-zero. ``leaf_only=False`` is for ``differentiable=True``."""
+    non-zero. ``leaf_only=False`` is for ``differentiable=True``. ``rules``: what
+    the class ``owner`` takes of each parameter (``_torch_facts.PARAM_RULES``)."""
     if isinstance(params_or_model, (list, tuple)) and params_or_model and all(
         isinstance(g, Mapping) for g in params_or_model
     ):
@@ -120,6 +123,7 @@ def build_param_groups(
                 groups.append({**settings, "params": tensors})
         if not groups:
             raise ConfigError("No trainable parameters: every parameter has requires_grad=False.")
+        check_param_rules(owner, rules, groups, params_or_model)
         return groups
 
     named, no_decay_names = _named_params(params_or_model, leaf_only)
@@ -155,6 +159,7 @@ def build_param_groups(
             group["name"] = next(n for n in wanted if n is not None and n not in taken)
             taken.add(group["name"])
         groups.append(group)
+    check_param_rules(owner, rules, groups, params_or_model)
     return groups
 
 
@@ -164,3 +169,30 @@ def _hashable(v: Any) -> Any:
     if isinstance(v, dict):
         return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
     return v
+
+
+def check_param_rules(owner: str, rules: Any, groups: list[dict[str, Any]], params_or_model: Any) -> None:
+    """Refuse by name the parameters that break what ``owner`` takes of each one, before its constructor would."""
+    order = {id(p): (i, p) for i, p in enumerate(p for g in groups for p in g["params"])}
+    broken = [(text, [p for _, p in order.values() if _value(p, attr) != wanted]) for attr, wanted, text in rules]
+    if not (broken := [(text, bad) for text, bad in broken if bad]):
+        return
+    named = params_or_model if isinstance(params_or_model, (nn.Module, Mapping)) else {}
+    names = {id(p): repr(n) for n, p in _named_params(named, False)[0]}
+
+    def shown(p: Tensor) -> str:
+        return f"{names.get(id(p), f'#{order[id(p)][0]}')} ({str(p.dtype)[6:]}, shape {tuple(p.shape)})"
+
+    lines = [f"{len(bad)} of the {len(order)} parameters break{'s' * (len(bad) == 1)} '{text}': "
+             + ", ".join(map(shown, bad[:8])) + f", and {len(bad) - 8} more" * (len(bad) > 8) for text, bad in broken]
+    raise ConfigError(
+        f"{owner} takes {'; '.join(t for t, _ in broken)}: a constraint on the parameters it is given, not on a "
+        "hyper-parameter value.\n" + "\n".join(lines) + f"\nGive {owner} only the parameters it takes and put the "
+        f"others in another optimizer (e.g. AdamW), or leave them out. `optcore show {owner}` lists what it takes.",
+        problems=[("params", f"{len(bad)} break '{text}'") for text, bad in broken], target=owner,
+    )
+
+
+def _value(p: Tensor, attr: str) -> Any:
+    value = getattr(p, attr)
+    return value() if callable(value) else value

@@ -23,6 +23,7 @@ from ._plugins import HOOKS_GROUP, declared, switched_off, switches_note
 from ._registry import resolve
 from ._schema import validate_groups, validate_hparams
 from ._spec import OptimizerSpec
+from ._torch_facts import PARAM_RULES
 
 #: Plugin-owned config keys, only to name the plugin when none claims one.
 PLUGIN_KEY_HINTS = dict.fromkeys(("precision", "memory_efficient", "loss_scaler"), "optcore-fp16")
@@ -179,6 +180,8 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
         no_decay=plan_.no_decay,
         policies=policies,
         leaf_only=not hparams.get("differentiable", False),  # torch steps non-leaf params only then
+        rules=PARAM_RULES.get(spec.name, ()) if spec.source == "torch" else (),
+        owner=spec.name,
     )
     return with_groups(plan_, groups)
 

@@ -55,6 +55,15 @@ PACKAGE_SHARDING: dict[str, str] = {
     ),
 }
 
+#: What a class takes of each parameter (shape, dtype, layout), not a hyper-parameter:
+#: name -> ((tensor attribute or method, the value it must have, the rule as a reader says it), ...)
+PARAM_RULES: dict[str, tuple[tuple[str, object, str], ...]] = {
+    "Muon": (("ndim", 2, "2-D parameters only (matrices)"), ("is_complex", False, "real parameters only")),
+    "SparseAdam": (("is_sparse", False, "dense parameters only (the gradients are sparse)"),
+                   ("is_complex", False, "real parameters only")),
+    "Adafactor": (("is_complex", False, "real parameters only"),),
+}
+
 #: Classes that hold one param group only / evaluate the closure themselves.
 SINGLE_GROUP = frozenset({"LBFGS"})
 PASSES_CLOSURE = frozenset({"LBFGS"})

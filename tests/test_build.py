@@ -279,3 +279,86 @@ def test_build_returns_optimizer_and_optional_scheduler(model):
     assert sched is None and isinstance(opt, torch.optim.SGD)
     with pytest.raises(optcore.ConfigError):
         optcore.build({"type": "SGD"}, model)
+
+
+def _ruled() -> list[tuple[str, str, object, str]]:
+    from optcore._torch_facts import PARAM_RULES
+
+    torch_names = {spec.name for spec in optcore.list_optimizers() if spec.source == "torch"}
+    return [(name, *rule) for name, rules in PARAM_RULES.items() if name in torch_names for rule in rules]
+
+
+def _breaking(attr: str) -> torch.Tensor:
+    """A parameter that breaks one rule and keeps the others (a real, dense matrix otherwise)."""
+    if attr == "ndim":
+        return torch.zeros(3, requires_grad=True)
+    if attr == "is_complex":
+        return torch.zeros(3, 3, dtype=torch.complex64, requires_grad=True)
+    if attr == "is_sparse":
+        return torch.zeros(3, 3).to_sparse().requires_grad_()
+    raise AssertionError(f"no breaking tensor for rule {attr!r}: add one")
+
+
+def test_torchs_param_rules_are_known_for_muon_sparseadam_and_adafactor():
+    assert {name for name, *_ in _ruled()} >= {"Muon", "SparseAdam", "Adafactor"}
+
+
+@pytest.mark.parametrize(("name", "attr", "wanted", "text"), _ruled(), ids=lambda v: str(v))
+def test_a_rule_on_the_parameters_is_what_torch_enforces(name, attr, wanted, text):
+    """The data is torch's own behaviour: the class itself refuses a parameter
+    breaking the rule, in its constructor or at its first step."""
+    p = _breaking(attr)
+    with pytest.raises((ValueError, RuntimeError)):
+        opt = getattr(torch.optim, name)([p], lr=0.01)
+        p.grad = torch.zeros_like(p)
+        opt.step()
+
+
+@pytest.mark.parametrize(("name", "attr", "wanted", "text"), _ruled(), ids=lambda v: str(v))
+@pytest.mark.parametrize("form", ["model", "dict", "list"])
+def test_parameters_a_class_cannot_take_are_named_as_such(name, attr, wanted, text, form):
+    """Muon over a model with biases, and every rule of every torch class: one
+    ConfigError naming the parameters and the rule as one on the parameters (not
+    a value to fix), from plan and build alike, before any constructor runs."""
+    good = torch.nn.Parameter(torch.zeros(4, 4))
+    bad = _breaking(attr)
+    if form == "model":
+        model = torch.nn.Module()
+        model.weight, model.odd = good, torch.nn.Parameter(bad)
+        params, shown = model, "'odd'"
+    elif form == "dict":
+        params, shown = {"weight": good, "odd": bad}, "'odd'"
+    else:
+        params, shown = [good, bad], "#1"
+    for road in (optcore.plan, optcore.build_optimizer):
+        with pytest.raises(optcore.ConfigError) as err:
+            road({"type": f"torch:{name}", "lr": 0.01}, params)
+        message = str(err.value)
+        assert f"{name} takes" in message and "a constraint on the parameters" in message
+        assert f"1 of the 2 parameters breaks '{text}': {shown}" in message
+        assert "Fix the value" not in message and "another optimizer" in message
+        assert err.value.problems and err.value.problems[0][0] == "params"
+
+
+def test_muon_takes_the_matrices_of_a_model_with_biases_when_given_them():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    with pytest.raises(optcore.ConfigError, match=r"2 of the 4 parameters break '2-D parameters only.*'0.bias'.*'1.bias'"):
+        optcore.build_optimizer({"type": "Muon", "lr": 0.02}, model)
+    matrices = {n: p for n, p in model.named_parameters() if p.ndim == 2}
+    assert isinstance(optcore.build_optimizer({"type": "Muon", "lr": 0.02}, matrices), torch.optim.Muon)
+
+
+def test_a_constructors_refusal_is_not_called_a_bad_value():
+    """A class optcore has no rule for refuses a parameter in its constructor:
+    the message says it may be about the parameters, not only a value."""
+
+    class Picky(torch.optim.SGD):
+        def __init__(self, params, lr=0.1):
+            super().__init__(params, lr=lr)
+            if any(p.ndim != 2 for g in self.param_groups for p in g["params"]):
+                raise ValueError("Picky takes matrices only")
+
+    with pytest.raises(optcore.ConfigError) as err:
+        optcore.build_optimizer({"type": Picky}, [torch.zeros(3, requires_grad=True)])
+    assert "Picky takes matrices only" in str(err.value) and "the parameters it was given" in str(err.value)
+    assert "Fix the value it names" not in str(err.value)

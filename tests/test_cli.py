@@ -164,3 +164,12 @@ def test_the_error_count_counts_problems_not_sections(tmp_path, capsys):
                     "lr_scheduler: {type: cosine, warmup_steps: -1}\nnum_training_steps: 10\n")
     assert main(["check", str(path)]) == 1
     assert capsys.readouterr().err.startswith(f"{path}: 4 errors\n")
+
+
+def test_show_says_what_a_class_takes_of_its_parameters(capsys):
+    assert main(["show", "Muon", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parameters"] == ["2-D parameters only (matrices)", "real parameters only"]
+    assert main(["show", "Muon"]) == 0
+    assert "Parameters: 2-D parameters only (matrices); real parameters only" in capsys.readouterr().out
+    assert main(["show", "AdamW", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parameters"] == []

@@ -111,7 +111,7 @@ class _Message(str):
 
     problems: int
 
-    def __new__(cls, exc: OptcoreError) -> _Message:
+    def __new__(cls, exc: OptcoreError) -> _Message:  # noqa: PYI034 - a str subclass, built whole here
         message = super().__new__(cls, str(exc))
         message.problems = max(1, len(getattr(exc, "problems", None) or ()))
         return message

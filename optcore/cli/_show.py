@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import OptcoreError, OptimizerNotFoundError, SchedulerNotFoundError
+from .._torch_facts import PARAM_RULES
 from ._output import console, table
 
 #: Implementation switches are listed after the hyper-parameters.
@@ -45,6 +46,8 @@ def describe(name: str, scheduler: bool = False) -> dict[str, Any]:
             out["capabilities"] = spec.capabilities.as_dict()
         except OptcoreError:
             out["capabilities"] = {}
+        rules = PARAM_RULES.get(spec.name, ()) if spec.source == "torch" else ()
+        out["parameters"] = [text for _, _, text in rules]  # what it takes of each parameter
         if spec.source == "torch" and "fused" in spec.schema.model_fields:
             out["implementation"] = (
                 "fused kernel by default where the params' device and dtype support it (CPU and CUDA float "
@@ -150,6 +153,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         out.print(f"Also provided by {other['provider']} ({other['source']}): type={other['type']!r}", highlight=False)
     if info.get("capabilities"):
         out.print("Capabilities: " + ", ".join(f"{k}={v}" for k, v in info["capabilities"].items()))
+    if info.get("parameters"):
+        out.print(f"Parameters: {'; '.join(info['parameters'])}", highlight=False)
     if info.get("implementation"):
         out.print(f"Implementation: {info['implementation']}")
     columns = ("field", "type", "default", "constraints", "description")

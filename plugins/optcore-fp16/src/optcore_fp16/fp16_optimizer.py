@@ -209,9 +209,10 @@ class FP16Optimizer(PrecisionWrapper):
         for p in params:
             state.pop(p, None)
         cls = type(self.optimizer)
+        values = {k: inner_group[k] for k in self.optimizer.defaults if k in inner_group}
         try:
-            fresh = cls([{"params": masters.tensors}], **{k: inner_group[k] for k in self.optimizer.defaults if k in inner_group})
-        except Exception as exc:  # noqa: BLE001 - any constructor's refusal
+            fresh = cls([{"params": masters.tensors}], **values)
+        except Exception as exc:  # any constructor's refusal
             raise ConfigError(
                 f"{type(self).__name__}: {cls.__name__}'s constructor made state for the model's half-precision "
                 f"parameters, and making it again over the fp32 copy failed ({type(exc).__name__}: {exc}). "
