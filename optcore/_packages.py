@@ -81,6 +81,14 @@ KNOWN_PACKAGES: tuple[KnownPackage, ...] = (
 )
 
 
+def missing_provider(name: str) -> str:
+    """What to install for ``name`` when only a package optcore knows and is not installed provides it, else ``""``."""
+    key = normalize(name)
+    dists = [p.distribution for p in KNOWN_PACKAGES if not is_installed(p.top_level) and key in map(normalize, p.classes)]
+    return (f"{name!r} is an optimizer of {' and of '.join(dists)}, which is not installed: `pip install {dists[0]}`, "
+            "then run again (`optcore list` shows it).") if dists else ""
+
+
 def importable_classes(kind: str) -> tuple[type, ...]:
     """The classes an import path may name, by registry kind."""
     import torch  # listing names needs no torch; checking a class does

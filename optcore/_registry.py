@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from ._packages import KNOWN_PACKAGES, PackageRegistries, is_installed, load_package_class
+from ._errors import OptimizerNotFoundError
+from ._packages import KNOWN_PACKAGES, PackageRegistries, is_installed, load_package_class, missing_provider
 from ._plugins import OPTIMIZERS_GROUP
 from ._resolution import Registry, ShadowedNameWarning
 from ._spec import OptimizerSpec
@@ -70,7 +71,12 @@ def resolve(name: Any, *, allow_import_paths: bool | None = None) -> OptimizerSp
     """The :class:`OptimizerSpec` for ``name``, or :class:`OptimizerNotFoundError`
     with the closest names. ``allow_import_paths=False`` (or
     ``OPTCORE_ALLOW_IMPORT_PATHS=0`` when it is ``None``) refuses dotted paths."""
-    return OPTIMIZERS.resolve(name, allow_import_paths=allow_import_paths)
+    try:
+        return OPTIMIZERS.resolve(name, allow_import_paths=allow_import_paths)
+    except OptimizerNotFoundError as exc:  # a name only a package that is not installed has: say which
+        if not (hint := missing_provider(name)):
+            raise
+        raise OptimizerNotFoundError(exc.name, exc.searched, exc.suggestions, hint=hint) from None
 
 
 OPTIMIZERS = Registry(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from optcore.cli import main
+from optcore.cli import build_parser, main
 
 
 def test_list_json_has_sources_flags_and_shadowing(capsys):
@@ -173,3 +173,43 @@ def test_show_says_what_a_class_takes_of_its_parameters(capsys):
     assert "Parameters: 2-D parameters only (matrices); real parameters only" in capsys.readouterr().out
     assert main(["show", "AdamW", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parameters"] == []
+
+
+def test_list_says_what_it_hides_and_what_its_flag_column_means(capsys):
+    import optcore
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "✓ true, · false" in out and "supports_memory_efficient_fp16 / supports_step_with_scale" in out
+    listed = {s.qualified for s in optcore.list_optimizers()}
+    hidden = {s.qualified: s for s in optcore.list_optimizers(ask_packages=True) if s.qualified not in listed}
+    if hidden:  # pytorch_optimizer's AdaMuon, MuonClip, ...: resolvable, and counted with the way to see them
+        assert f"Not listed: {len(hidden)} more names" in out and "`optcore list --all` lists them" in out
+        assert all(optcore.resolve(s.qualified) for s in list(hidden.values())[:3])
+        assert main(["list", "--all", "--no-flags"]) == 0
+        shown = capsys.readouterr().out
+        assert "Not listed" not in shown and all(q in shown for q in hidden)
+    help_text = build_parser()._subparsers._group_actions[0].choices["list"].format_help()
+    assert "registries" in help_text and "shadowed" in help_text
+
+
+def test_a_name_only_a_missing_known_package_has_says_what_to_install():
+    """AdamW8bit -> bitsandbytes, and every class of every package optcore knows
+    that is not installed (and that nothing installed resolves)."""
+    import optcore
+    from optcore._packages import KNOWN_PACKAGES, is_installed
+
+    missing = [(p.distribution, c) for p in KNOWN_PACKAGES if not is_installed(p.top_level) for c in p.classes]
+    if not missing:
+        pytest.skip("every package optcore knows is installed")
+    checked = 0
+    for dist, name in missing:
+        try:
+            optcore.resolve(name)
+        except optcore.OptimizerNotFoundError as exc:
+            assert f"`pip install {dist}`" in str(exc) and "not installed" in str(exc), str(exc)
+            checked += 1
+    assert checked
+    if ("bitsandbytes", "AdamW8bit") in missing:
+        with pytest.raises(optcore.OptimizerNotFoundError, match="optimizer of bitsandbytes.*pip install bitsandbytes"):
+            optcore.resolve("adamw_8bit")

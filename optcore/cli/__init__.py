@@ -30,7 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list every optimizer (or scheduler) name and where it comes from")
-    p.add_argument("--all", action="store_true", help="also list shadowed providers, with capability flags")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also list the names installed packages' own registries resolve (pytorch_optimizer's AdaMuon, "
+        "MuonClip, ...: `optcore list` counts them) and every shadowed provider, with capability flags "
+        "(imports each class)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--schedulers", action="store_true", help="list LR schedulers instead")
     p.add_argument(

@@ -1,9 +1,10 @@
 """``optcore list``: every name, where it comes from, what shadows what.
 
-Listing reads metadata only: torch's names, optcore's table of third-party
-packages and the plugins' entry points. No plugin or third-party module is
-imported unless capability flags are asked for (``--all`` or ``--flags``),
-since the flags are facts about the class.
+The table reads metadata only: torch's names, optcore's table of third-party
+packages and the plugins' entry points. No plugin is imported unless capability
+flags are asked for (``--all`` or ``--flags``), since the flags are facts about
+the class. The line under it counts the names that installed packages' own
+registries add (importing those packages), so that none is hidden unsaid.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from .._errors import OptcoreError
 from ._output import console, table
 
 _FLAG_TITLE = "fp16-mem / scale / flat / groups / sharding"
+_LEGEND = (
+    f"{_FLAG_TITLE}: the capability flags supports_memory_efficient_fp16 / supports_step_with_scale / "
+    "supports_flat_params / supports_groups (✓ true, · false) and the sharding kind (elementwise, factored, "
+    "per_tensor, global or unknown); `optcore show NAME` says what each means. ? the class failed to load; "
+    "(optcore show NAME) not known without importing the class (--all or --flags does)."
+)
 
 
 def _flags(spec: Any, load: bool) -> dict[str, bool | str] | None:
@@ -65,4 +72,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     for row_cells in cells:
         out.add_row(*row_cells)
     console().print(out)
+    notes = ([_LEGEND] if flags else []) + ([] if args.all or args.schedulers else _unlisted(specs))
+    if notes:
+        console().print("\n".join(notes), highlight=False, markup=False)
     return 0
+
+
+def _unlisted(listed: list[Any]) -> list[str]:
+    """The names only installed packages' own registries have: counted (which imports
+    those packages), named by a few, and how to list them."""
+    from .._registry import list_optimizers
+
+    shown = {spec.qualified for spec in listed}
+    more = [spec for spec in list_optimizers(ask_packages=True) if spec.qualified not in shown]
+    if not more:
+        return []
+    providers = ", ".join(sorted({spec.provider for spec in more}))
+    return [f"Not listed: {len(more)} more names that the registries of {providers} resolve "
+            f"(e.g. {', '.join(sorted(s.name for s in more)[:3])}); `optcore list --all` lists them."]
