@@ -86,8 +86,10 @@ def render_compare(data: dict[str, Any]) -> str:
     settings = data["settings"]
     lines += [
         "",
-        f"({data['summary']}; {settings['isolation']}; the losses and the ranking are the same on every run with "
-        "the same seed, steps/s and memory are this machine's.)",
+        f"({data['summary']}; {settings['isolation']}. Reproducible: on one machine, with the same torch build and "
+        "seed, the losses repeat exactly. Not reproducible across machines: there CPU kernels and thread counts "
+        "differ, so the losses differ in the 2nd-3rd decimal and close rankings can swap; steps/s and memory are "
+        "this machine's.)",
     ]
     return "\n".join(lines)
 
@@ -100,6 +102,12 @@ def render_compare_time(data: dict[str, Any]) -> str:
 
 def render_setup_time(data: dict[str, Any]) -> str:
     return f"{data['setup_s'] / 60:.1f} minutes ({data['how']})"
+
+
+def render_test_time(data: dict[str, Any]) -> str:
+    if data.get("test_s") is None:
+        return "(not measured yet: time `scripts/dev test` and fill test_s and test_how in docs/results/timing.json)"
+    return f"{data['test_s'] / 60:.1f} minutes ({data['test_how']})"
 
 
 def render_bench_adafactor(data: dict[str, Any]) -> str:
@@ -268,6 +276,13 @@ FIGURES: list[Figure] = [
         RESULTS / "timing.json",
         "time scripts/dev setup in a fresh clone (see the file's 'how')",
         render_setup_time,
+    ),
+    Figure(
+        "timing-test",
+        ROOT / "README.md",
+        RESULTS / "timing.json",
+        "time scripts/dev test with .venv set up (see the file's 'test_how')",
+        render_test_time,
     ),
     Figure(
         "bench-core",

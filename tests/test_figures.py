@@ -29,3 +29,17 @@ def test_check_mode_fails_on_a_stale_section(tmp_path, monkeypatch):
 def test_the_compare_plot_the_readme_shows_exists():
     assert (ROOT / "docs" / "img" / "compare.png").stat().st_size > 10_000
     assert "docs/img/compare.png" in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_tells_a_newcomer_where_the_command_is_how_long_tests_take_and_what_repeats():
+    readme = (ROOT / "README.md").read_text()
+    dev = (ROOT / "scripts" / "dev").read_text()
+    after_commands = readme.split("scripts/dev test    #", 1)[1].split("## ", 1)[0]
+    # the venv scripts/dev makes, and the two ways to reach its command
+    assert "VENV=${OPTCORE_VENV:-.venv}" in dev and '"$VENV/bin/optcore"' in dev
+    assert "`.venv/bin/optcore`" in after_commands and "`source .venv/bin/activate`" in after_commands
+    assert "<!-- BEGIN GENERATED: timing-test -->" in after_commands  # the test command's time, from timing.json
+    (compare,) = [f for f in figures.FIGURES if f.name == "compare"]
+    caption = figures.current(compare).rsplit("\n", 1)[-1]
+    assert "same on every run" not in caption
+    assert "same torch build and seed" in caption and "across machines" in caption and "2nd-3rd decimal" in caption
