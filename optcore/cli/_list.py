@@ -88,5 +88,6 @@ def _unlisted(listed: list[Any]) -> list[str]:
     if not more:
         return []
     providers = ", ".join(sorted({spec.provider for spec in more}))
-    return [f"Not listed: {len(more)} more names that the registries of {providers} resolve "
-            f"(e.g. {', '.join(sorted(s.name for s in more)[:3])}); `optcore list --all` lists them."]
+    examples = ", ".join(sorted(s.name for s in more)[:3])
+    return [f"Not listed: {len(more)} more names that the registries of {providers} resolve (e.g. {examples}); "
+            "`optcore list --all` lists them."]  # fmt: skip
