@@ -26,31 +26,46 @@ ds = pytest.importorskip("optcore.integrations.deepspeed")
 STEPS, BATCH = 3, 16
 CLIP = 0.5  # DeepSpeed clips at its "gradient_clipping" (1.0 unless set), by the norm over all ranks
 
-#: name -> optimizer section of the DeepSpeed JSON (both spellings), stages it runs at
+#: name -> (optimizer section of the DeepSpeed JSON, in both spellings; the stages it runs at)
 CASES = {
     "AdamW": ({"type": "optcore", "params": {"type": "AdamW", "lr": 1e-2, "weight_decay": 0.1}}, (0, 1, 2)),
     "SGD": ({"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-2}}, (0, 1, 2)),
     "Lion": ({"type": "optcore-lion:Lion", "params": {"lr": 1e-3, "weight_decay": 0.1}}, (0, 1, 2)),
     # not elementwise: right at stage 0 (whole tensors), refused at stages 1-2 (test below)
     "Adafactor": ({"type": "optcore", "params": {"type": "optcore-adafactor:Adafactor"}}, (0,)),
+    # optcore-fp16's wrapper over a bf16 model: stage 0 without DeepSpeed's own bf16 section
+    "AdamW-bf16": ({"type": "optcore", "params": {"type": "AdamW", "lr": 1e-2, "precision": "bf16"}}, (0,)),
 }
 
 
-def _model() -> torch.nn.Module:
+def _dtype(name: str) -> torch.dtype:
+    return torch.bfloat16 if name.endswith("-bf16") else torch.float32
+
+
+def _clip(name: str) -> float:
+    # DeepSpeed clips a bf16 model's gradients in an order of its own (one bf16 ulp apart from
+    # torch's clip_grad_norm_); the wrapper case runs unclipped
+    return 0.0 if name.endswith("-bf16") else CLIP
+
+
+def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)).to(dtype)
 
 
-def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(BATCH, 6, generator=g), torch.randn(BATCH, 3, generator=g)) for _ in range(STEPS)]
+    return [
+        (torch.randn(BATCH, 6, generator=g).to(dtype), torch.randn(BATCH, 3, generator=g).to(dtype))
+        for _ in range(STEPS)
+    ]
 
 
-def _ds_config(section: dict, stage: int, world: int) -> dict:
+def _ds_config(section: dict, stage: int, world: int, clip: float = CLIP) -> dict:
     return {
         "train_micro_batch_size_per_gpu": BATCH // world,
         "gradient_accumulation_steps": 1,
-        "gradient_clipping": CLIP,
+        "gradient_clipping": clip,
         "zero_optimization": {"stage": stage},
         "optimizer": section,
     }
@@ -74,10 +89,10 @@ def _deepspeed_runs(rank: int, world: int) -> dict:
     results = {}
     for name, (section, stages) in CASES.items():
         for stage in stages:
-            model = _model()
-            engine, optimizer, _, _ = ds_integration.initialize(model, _ds_config(section, stage, world))
+            model = _model(_dtype(name))
+            engine, optimizer, _, _ = ds_integration.initialize(model, _ds_config(section, stage, world, _clip(name)))
             n = BATCH // world
-            for x, y in _batches():
+            for x, y in _batches(_dtype(name)):
                 loss = torch.nn.functional.mse_loss(engine(x[rank * n : (rank + 1) * n]), y[rank * n : (rank + 1) * n])
                 engine.backward(loss)
                 engine.step()
@@ -102,26 +117,28 @@ def _runs(world: int) -> list[dict]:
     return _RUNS[world]
 
 
-def _plain_torch(section: dict) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+def _plain_torch(name: str) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
     """One process, the full batch, the optimizer optcore builds, no DeepSpeed."""
+    section = CASES[name][0]
     config = section["params"] if section["type"] == "optcore" else {"type": section["type"], **section["params"]}
-    model = _model()
+    model = _model(_dtype(name))
     opt = optcore.build_optimizer(config, model)
-    for x, y in _batches():
+    for x, y in _batches(_dtype(name)):
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        if _clip(name):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), _clip(name))
         opt.step()
     return [p.detach() for p in model.parameters()], opt
 
 
 @pytest.mark.parametrize("world", [1, 2])
-@pytest.mark.parametrize(
-    ("name", "stage"), [(name, stage) for name, (_, stages) in CASES.items() for stage in stages]
-)
+@pytest.mark.parametrize(("name", "stage"), [(name, stage) for name, (_, stages) in CASES.items() for stage in stages])
 def test_deepspeed_steps_as_one_plain_torch_process(name, stage, world):
-    section = CASES[name][0]
-    expected, reference = _plain_torch(section)
+    expected, reference = _plain_torch(name)
+    # fp32: summation order only; bf16 parameters: torch's bf16 tolerance (a rank's half batch
+    # and gloo's bf16 all-reduce round differently from the full batch)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if _dtype(name) == torch.float32 else {}
     for rank, results in enumerate(_runs(world)):
         got = results[name, stage]
         # optcore's groups reach DeepSpeed: biases and the norm weight undecayed
@@ -131,7 +148,7 @@ def test_deepspeed_steps_as_one_plain_torch_process(name, stage, world):
         if stage:  # ZeRO: one flat 1-D partition per group, the reason for the refusals below
             assert all(len(shapes) == 1 and len(shapes[0]) == 1 for shapes in got["param_shapes"])
         for i, (a, b) in enumerate(zip(got["params"], expected)):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank} parameter {i}: {m}")
+            torch.testing.assert_close(a, b, **tol, msg=lambda m, rank=rank, i=i: f"rank {rank} parameter {i}: {m}")
 
 
 # ------------------------------------------------------------------ refused before any collective
@@ -153,9 +170,17 @@ def _has(qualified: str) -> bool:
 @pytest.mark.parametrize(
     ("section", "label", "why"),
     [
-        ({"type": "optcore", "params": {"type": "optcore-adafactor:Adafactor"}}, "optcore-adafactor:Adafactor", "factored"),
+        (
+            {"type": "optcore", "params": {"type": "optcore-adafactor:Adafactor"}},
+            "optcore-adafactor:Adafactor",
+            "factored",
+        ),
         ({"type": "Adafactor", "params": {"lr": 1e-2}}, "torch:Adafactor", "factored"),
-        ({"type": "optcore-adascale:AdaScaleSGD", "params": {"lr": 0.1, "num_gradients_to_accumulate": 2}}, "optcore-adascale:AdaScaleSGD", "all of the gradients"),
+        (
+            {"type": "optcore-adascale:AdaScaleSGD", "params": {"lr": 0.1, "num_gradients_to_accumulate": 2}},
+            "optcore-adascale:AdaScaleSGD",
+            "all of the gradients",
+        ),
         ({"type": "optcore", "params": {"type": "torch:Muon", "lr": 0.02}}, "torch:Muon", "whole tensor"),
     ],
 )
@@ -166,7 +191,9 @@ def test_non_elementwise_optimizers_are_refused_at_zero_stages(section, label, w
     if label == "torch:Muon":  # Muon takes 2-D parameters only
         model = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False), torch.nn.Linear(8, 3, bias=False))
     with pytest.raises(optcore.ConfigError) as info:
-        ds.initialize(model, {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": stage}, "optimizer": section})
+        ds.initialize(
+            model, {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": stage}, "optimizer": section}
+        )
     message = str(info.value)
     assert label in message and f"ZeRO stage {stage}" in message and why in message
     assert "stage 0" in message and "FSDP2" in message and "elementwise optimizer" in message
@@ -178,17 +205,31 @@ def test_an_optimizer_of_unknown_sharding_is_refused(no_deepspeed_initialize):
         pass
 
     model = _model()
-    with pytest.raises(optcore.ConfigError, match=r"Custom cannot run under DeepSpeed ZeRO stage 2.*not declared elementwise"):
+    with pytest.raises(
+        optcore.ConfigError, match=r"Custom cannot run under DeepSpeed ZeRO stage 2.*not declared elementwise"
+    ):
         ds.initialize(model, {"zero_optimization": {"stage": 2}}, optimizer=Custom(model.parameters(), lr=0.1))
 
 
-def test_wrappers_are_refused_at_zero_stages(no_deepspeed_initialize):
+@pytest.mark.parametrize(
+    ("ds_config", "where"),
+    [
+        ({"zero_optimization": {"stage": 1}}, "ZeRO stage 1"),
+        ({"zero_optimization": {"stage": 2}}, "ZeRO stage 2"),
+        ({"bf16": {"enabled": True}}, 'the JSON\'s "bf16" section'),
+        ({"fp16": {"enabled": True}}, 'the JSON\'s "fp16" section'),
+    ],
+)
+def test_wrappers_are_refused_at_zero_stages_and_beside_deepspeeds_mixed_precision(
+    ds_config, where, no_deepspeed_initialize
+):
     if not _has("optcore-fp16:FP16Optimizer"):
         pytest.skip("optcore-fp16 is not installed")
-    with pytest.raises(optcore.ConfigError, match=r"FP16Optimizer wraps another optimizer.*ZeRO stage 1.*\"bf16\""):
-        ds.initialize(
-            _model().bfloat16(), {"zero_optimization": {"stage": 1}}, optimizer={"type": "SGD", "lr": 0.1, "precision": "bf16"}
-        )
+    with pytest.raises(optcore.ConfigError) as info:
+        ds.initialize(_model(torch.bfloat16), ds_config, optimizer={"type": "SGD", "lr": 0.1, "precision": "bf16"})
+    message = str(info.value)
+    assert "FP16Optimizer wraps another optimizer" in message and f"under {where}" in message
+    assert '"bf16": {"enabled": true}' in message and "stage 0" in message
 
 
 def test_a_json_optimizer_and_a_client_optimizer_together_are_refused(no_deepspeed_initialize):
@@ -206,8 +247,13 @@ def test_no_optimizer_anywhere_is_refused(no_deepspeed_initialize):
 
 @pytest.mark.parametrize(
     "section",
-    [{"type": "optcore"}, {"type": "optcore", "params": {}}, {"type": "Lion", "params": {"lr": 1}, "extra": 1},
-     {"type": "optcore-lion:Lion", "params": {"type": "SGD"}}, {"params": {}}],
+    [
+        {"type": "optcore"},
+        {"type": "optcore", "params": {}},
+        {"type": "Lion", "params": {"lr": 1}, "extra": 1},
+        {"type": "optcore-lion:Lion", "params": {"type": "SGD"}},
+        {"params": {}},
+    ],
 )
 def test_malformed_optimizer_sections_are_refused(section, no_deepspeed_initialize):
     with pytest.raises(optcore.ConfigError):
@@ -249,13 +295,17 @@ def test_the_optcore_optimizer_is_the_client_optimizer_and_the_section_is_remove
     assert call["model"] is model
     reference = optcore.build_optimizer(config, _model())
     assert type(call["optimizer"]) is type(reference)
-    assert [g["weight_decay"] for g in call["optimizer"].param_groups] == [g["weight_decay"] for g in reference.param_groups]
+    assert [g["weight_decay"] for g in call["optimizer"].param_groups] == [
+        g["weight_decay"] for g in reference.param_groups
+    ]
     if where == "section":
         assert ds_config == original  # the caller's mapping is left as it was
 
 
 def test_a_json_that_sets_zero_allow_untested_optimizer_keeps_it(captured):
-    ds.initialize(_model(), {"zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": False}, optimizer="SGD")
+    ds.initialize(
+        _model(), {"zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": False}, optimizer="SGD"
+    )
     assert captured[0]["config"]["zero_allow_untested_optimizer"] is False
 
 

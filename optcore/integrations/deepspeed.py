@@ -33,9 +33,10 @@ factored statistics, Muon's orthogonalised matrices, AdaScale's statistics
 over every gradient) would step that slice as if it were one vector and give
 a different result without an error, so it is refused with a ``ConfigError``
 before ``deepspeed.initialize`` runs any collective. For the same reason
-optimizers that wrap another one (optcore-fp16's ``FP16Optimizer``) are
-refused at those stages: DeepSpeed's own ``bf16`` / ``fp16`` sections keep
-the fp32 master weights there. For an elementwise optimizer optcore sets
+optimizers that wrap another one (optcore-fp16's ``FP16Optimizer``, from
+``"precision": "bf16"``) are refused at those stages and beside DeepSpeed's own
+``bf16`` / ``fp16`` sections, which keep fp32 master weights of their own; at
+stage 0 without those sections they step as on one process. For an elementwise optimizer optcore sets
 ``zero_allow_untested_optimizer`` (unless the JSON sets it), since that
 optimizer steps a flat slice exactly as it steps the whole tensors.
 
@@ -112,19 +113,28 @@ def initialize(
             "or pass optimizer=<optcore config>."
         )
     ds_config.pop("optimizer", None)
+    built = _client_optimizer(optcore_config, optimizer, model, ds_config, allow_import_paths)
+    return tuple(deepspeed.initialize(model=model, optimizer=built, config=ds_config, **deepspeed_kwargs))
+
+
+def _client_optimizer(
+    optcore_config: Any, optimizer: Any, model: torch.nn.Module, ds_config: dict[str, Any], allow_import_paths: Any
+) -> torch.optim.Optimizer:
+    """The optimizer to hand DeepSpeed, refused by name where DeepSpeed would step
+    it differently than one process does; never runs a collective."""
     stage = zero_stage(ds_config)
     if optcore_config is None and isinstance(optimizer, torch.optim.Optimizer):
-        built = optimizer
-        name = type(optimizer).__name__
-        if stage and isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-            _refuse_wrapper(name, stage)
+        built, name = optimizer, type(optimizer).__name__
+        wraps = isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer)
     else:
         the_plan = plan(
             optimizer if optcore_config is None else optcore_config, model, allow_import_paths=allow_import_paths
         )
-        name = the_plan.spec.qualified
-        if stage and the_plan.inner is not None:
-            _refuse_wrapper(name, stage)
+        built, name, wraps = None, the_plan.spec.qualified, the_plan.inner is not None
+    precision = _mixed_precision(ds_config)
+    if wraps and (stage or precision):
+        _refuse_wrapper(name, stage, precision)
+    if built is None:
         built = construct(the_plan)
     if stage:
         sharding = _sharding(built)
@@ -136,8 +146,9 @@ def initialize(
                 '("zero_optimization": {"stage": 0}, plain data parallel), FSDP2 (optcore.distributed) where the '
                 "optimizer supports it, or an elementwise optimizer (AdamW, SGD, Lion) at this stage."
             )
+        # checked above: a flat slice steps exactly as the whole tensors do
         ds_config.setdefault("zero_allow_untested_optimizer", True)
-    return tuple(deepspeed.initialize(model=model, optimizer=built, config=ds_config, **deepspeed_kwargs))
+    return built
 
 
 def zero_stage(ds_config: Mapping[str, Any]) -> int:
@@ -211,11 +222,22 @@ def _sharding(optimizer: torch.optim.Optimizer) -> str:
     return str(capabilities(type(optimizer))["sharding"])
 
 
-def _refuse_wrapper(name: str, stage: int) -> None:
+def _mixed_precision(ds_config: Mapping[str, Any]) -> str | None:
+    """The JSON's enabled mixed-precision section (``"fp16"``, ``"bf16"``), if any."""
+    for key in ("fp16", "bf16", "bfloat16"):
+        section = ds_config.get(key)
+        if isinstance(section, Mapping) and section.get("enabled"):
+            return key
+    return None
+
+
+def _refuse_wrapper(name: str, stage: int, precision: str | None) -> None:
+    where = f'the JSON\'s "{precision}" section' if precision else f"ZeRO stage {stage}"
     raise ConfigError(
-        f"{name} wraps another optimizer and keeps its own fp32 master weights; DeepSpeed ZeRO stage {stage} "
-        "replaces the optimizer's parameters by flat partitions of its own. Use the plain optimizer with "
-        'DeepSpeed\'s mixed precision ("bf16": {"enabled": true} or "fp16") instead, or ZeRO stage 0.'
+        f"{name} wraps another optimizer and keeps its own fp32 master weights, and under {where} DeepSpeed "
+        "replaces the optimizer's parameters by master copies or flat partitions of its own. Use one of the two: "
+        f'the plain optimizer with DeepSpeed\'s mixed precision ("bf16": {{"enabled": true}} or "fp16"), or {name} '
+        "at ZeRO stage 0 without DeepSpeed's fp16/bf16 section."
     )
 
 
