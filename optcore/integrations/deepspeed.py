@@ -8,10 +8,12 @@ optcore config, in the JSON or beside it, is built by optcore on the model
 (its param groups, validated hyper-parameters, implementation choice) and
 handed to DeepSpeed as the client optimizer, with the JSON's section removed::
 
-    engine, optimizer, _, _ = deepspeed_integration.initialize(model, {
+    from optcore.integrations import deepspeed as ds
+
+    engine, optimizer, _, _ = ds.initialize(model, {
         "train_micro_batch_size_per_gpu": 8,
         "zero_optimization": {"stage": 2},
-        "optimizer": {"type": "optcore", "params": {"type": "optcore_lion:Lion", "lr": 1e-4}},
+        "optimizer": {"type": "optcore", "params": {"type": "optcore-lion:Lion", "lr": 1e-4}},
     })
 
 The section's spellings:
