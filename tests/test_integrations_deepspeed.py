@@ -21,7 +21,8 @@ pytestmark = pytest.mark.distributed
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would look for CUDA first
 deepspeed = pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'optcore[deepspeed]')")
-ds = pytest.importorskip("optcore.integrations.deepspeed")
+
+from optcore.integrations import deepspeed as ds  # after the skip: it runs DeepSpeed
 
 STEPS, BATCH = 3, 16
 CLIP = 0.5  # DeepSpeed clips at its "gradient_clipping" (1.0 unless set), by the norm over all ranks
@@ -81,6 +82,8 @@ def _skip_shm_kernel() -> None:
 
 def _deepspeed_runs(rank: int, world: int) -> dict:
     """Every (case, stage) on this rank: its final parameters and what DeepSpeed stepped."""
+    import deepspeed
+
     from optcore.integrations import deepspeed as ds_integration
 
     _skip_shm_kernel()
@@ -105,6 +108,10 @@ def _deepspeed_runs(rank: int, world: int) -> dict:
                 "unwrap": type(optcore.unwrap(optimizer)).__name__,
             }
             engine.destroy()
+    try:  # the same JSON without optcore in between
+        deepspeed.initialize(model=_model(), config=_ds_config(CASES["Lion"][0], 1, world))
+    except AssertionError as error:
+        results["plain deepspeed"] = str(error)
     return results
 
 
@@ -317,11 +324,9 @@ def test_deepspeeds_own_optimizers_stay_deepspeeds(captured):
     assert call["config"]["optimizer"] == section and call.get("optimizer") is None
 
 
-def test_a_plain_deepspeed_cannot_name_an_optcore_optimizer():
-    """What the integration is for: the same JSON through deepspeed.initialize fails."""
-    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
-
-    assert "optcore" not in DEEPSPEED_OPTIMIZERS and not hasattr(torch.optim, "optcore")
+def test_plain_deepspeed_cannot_build_what_the_json_names():
+    """What the integration is for: the JSON that trains above fails in deepspeed.initialize alone."""
+    assert "optcore-lion:Lion is not a supported DeepSpeed Optimizer" in _runs(1)[0]["plain deepspeed"]
 
 
 @pytest.mark.parametrize(
