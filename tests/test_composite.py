@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import warnings
 from typing import Any
 
@@ -320,3 +321,60 @@ def test_first_step_refuses_a_part_whose_groups_changed() -> None:
     stray.grad = torch.randn(4, 4)
     with pytest.raises(ConfigError, match="not routed to it"):
         opt.step()
+
+
+# ------------------------------------------------------------ Muon's lr rules
+def test_match_rms_adamw_lets_one_lr_serve_both_halves() -> None:
+    config = {"type": "Muon", "lr": 1e-3, "adjust_lr_fn": "match_rms_adamw", "fallback": "AdamW"}
+    lrs = {r["optimizer"]: r["lr"] for r in optcore.plan(config, tiny()).routing}
+    assert lrs == {"Muon": 1e-3, "AdamW": 1e-3}
+    explicit = {**config, "fallback": {"type": "AdamW", "lr": 5e-4}}
+    assert {r["optimizer"]: r["lr"] for r in optcore.plan(explicit, tiny()).routing}["AdamW"] == 5e-4
+    original = {**config, "adjust_lr_fn": "original"}  # another scale: AdamW keeps its own default
+    assert {r["optimizer"]: r["lr"] for r in optcore.plan(original, tiny()).routing}["AdamW"] == 1e-3 == torch.optim.AdamW([torch.zeros(1)]).defaults["lr"]
+    with pytest.raises(ConfigError, match="'original' or 'match_rms_adamw'"):
+        optcore.plan({**config, "adjust_lr_fn": "match_rms_adam"})
+
+
+def test_match_rms_adamw_steps_as_torch_muon_with_that_rule() -> None:
+    got, want = tiny(), tiny()
+    config = {"type": "Muon", "lr": 1e-3, "adjust_lr_fn": "match_rms_adamw", "fallback": "AdamW"}
+    train(got, optcore.build_optimizer(config, got), range(3))
+    refs = _reference(want)
+    refs[0] = torch.optim.Muon([want.blocks[0].weight, want.blocks[2].weight], lr=1e-3, adjust_lr_fn="match_rms_adamw")
+    for g in refs[1].param_groups:
+        g["lr"] = 1e-3
+    train(want, _Both(refs), range(3))
+    for a, b in zip(got.parameters(), want.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_the_compare_line_up_has_muon_with_adamw() -> None:
+    from optcore.compare import lineup
+
+    entries = {e["name"]: e["optimizer"] for e in lineup.default_entries()}
+    assert entries["Muon+AdamW"]["fallback"]["type"] == "torch:AdamW"
+    model = tiny()
+    opt = optcore.build_optimizer(entries["Muon+AdamW"], model)
+    assert {g["optimizer"] for g in opt.param_groups} == {"Muon", "AdamW"}
+
+
+# ----------------------------------------------------------------- the CLI
+def test_optcore_show_prints_the_routing_table(tmp_path: Any, monkeypatch: Any, capsys: Any) -> None:
+    from optcore.cli import main
+
+    (tmp_path / "routed_model.py").write_text(
+        "from test_composite import Tiny\n\ndef build():\n    return Tiny()\n"
+    )
+    (tmp_path / "run.yaml").write_text("type: Muon\nlr: 0.02\nfallback:\n  type: AdamW\n  lr: 3.0e-4\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["show", "--config", str(tmp_path / "run.yaml"), "--model", "routed_model:build", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["blocks.0.weight"]["optimizer"] == "Muon" and rows["blocks.0.weight"]["lr"] == 0.02
+    assert rows["lm_head.weight"]["optimizer"] == "AdamW" and rows["norm.bias"]["weight_decay"] == 0.0
+    assert main(["show", "--config", str(tmp_path / "run.yaml"), "--model", "routed_model:build"]) == 0
+    text = capsys.readouterr().out
+    assert "embed.weight" in text and "output head" in text
+    assert main(["show", "--config", str(tmp_path / "run.yaml")]) == 0
+    assert "and torch:AdamW (lr=0.0003)" in capsys.readouterr().out
+    assert main(["check", str(tmp_path / "run.yaml")]) == 0

@@ -94,6 +94,8 @@ def plan_composite(plan_: Any, fallback: Any, params_or_model: Any, *, part: Cal
     for i, g in enumerate(group_specs):
         if "optimizer" in g:
             g["optimizer"] = label_of(g["optimizer"], f"param_groups[{i}].optimizer")
+    if fallback is not None:
+        fallback = _shared_lr(plan_, to_plain(fallback))
     fallback_label = label_of(fallback, "fallback") if fallback is not None else None
     main = replace(plan_, group_specs=())
     if fallback_label is not None and not matrix_only(plan_.spec.target):
@@ -183,6 +185,19 @@ def _route(plan_: Any, parts: dict[str, Any], fallback: str | None, group_specs:
                 })
     all_groups = tuple(g for planned in finished.values() for g in planned.groups)
     return replace(plan_, parts=tuple(finished.values()), groups=all_groups, routing=tuple(rows))
+
+
+def _shared_lr(plan_: Any, fallback: Any) -> Any:
+    """With ``adjust_lr_fn="match_rms_adamw"`` Muon scales each update to AdamW's RMS
+    (0.2 * sqrt(max(rows, cols))), so one lr serves both halves: a fallback that
+    gives no ``lr`` takes the main type's. Under torch's "original" rule Muon's lr
+    is on another scale (0.02 against AdamW's 3e-4), and nothing is shared."""
+    if plan_.hparams.get("adjust_lr_fn") != "match_rms_adamw" or "lr" not in plan_.hparams:
+        return fallback
+    config = {"type": fallback} if isinstance(fallback, str) else fallback
+    if isinstance(config, Mapping) and "lr" not in config and "optimizer" not in config:
+        return {**config, "lr": plan_.hparams["lr"]}
+    return fallback
 
 
 def _explicit_label(config: Any, parts: dict[str, Any], plan_: Any) -> str:
