@@ -9,7 +9,9 @@ steps, so state, param groups and ``state_dict`` are its own; ``step()`` after
 
 Refused, with the reason: gradient accumulation (each backward steps), global
 clipping (no moment holds every gradient), loss scaling (the step would see
-scaled gradients before any overflow check).
+scaled gradients before any overflow check), and more than one rank (DDP and
+FSDP reduce a gradient after it is accumulated, when the hook has already
+stepped with the local one).
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ class StepInBackward(ContractMixin, torch.optim.Optimizer):
                     "steps could differ from its own step. Drop step_in_backward for it.",
                     problems=[("step_in_backward", f"{type(owner).__name__} is not per-parameter")],
                 )
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise _refusal(
+                "data-parallel training", "DDP and FSDP reduce each gradient across ranks after it is accumulated, "
+                "and the hook that steps the parameter runs at accumulation, so each rank would step with its own "
+                "unreduced gradient and the replicas would drift apart")
         self.inner = optimizer
         super().__init__(optimizer.param_groups, {})
         self.optcore_spec = getattr(optimizer, "optcore_spec", None)
