@@ -378,3 +378,10 @@ def test_optcore_show_prints_the_routing_table(tmp_path: Any, monkeypatch: Any, 
     assert main(["show", "--config", str(tmp_path / "run.yaml")]) == 0
     assert "and torch:AdamW (lr=0.0003)" in capsys.readouterr().out
     assert main(["check", str(tmp_path / "run.yaml")]) == 0
+
+
+def test_sharding_and_lr_schedule_are_those_of_the_whole() -> None:
+    opt = optcore.build_optimizer(MUON_ADAMW, tiny())
+    assert opt.parts["Muon"].sharding == "per_tensor" and opt.parts["AdamW"].sharding == "elementwise"
+    assert opt.sharding == "per_tensor"
+    assert opt.lr_schedule == "any"

@@ -53,6 +53,17 @@ class CompositeOptimizer(ContractMixin, torch.optim.Optimizer):
     def supports_groups(self) -> bool:
         return all(getattr(p, "supports_groups", False) for p in self.parts.values())
 
+    @property  # type: ignore[override]
+    def sharding(self) -> str:
+        """The most coupling of the parts' (``elementwise`` < ``factored`` < ``per_tensor`` < ``global`` < ``unknown``):
+        a shard can be stepped alone only where every part can."""
+        return max((getattr(p, "sharding", "unknown") for p in self.parts.values()), key=_COUPLING.index)
+
+    @property  # type: ignore[override]
+    def lr_schedule(self) -> str:
+        """``"any"`` only when every part takes any schedule; else the most restrictive part's."""
+        return max((getattr(p, "lr_schedule", "any") for p in self.parts.values()), key=_SCHEDULES.index)
+
     @property
     def optimizer_config(self) -> dict[str, Any]:  # type: ignore[override]
         """Each part's effective hyper-parameters, by label."""
@@ -155,6 +166,9 @@ def _label(part: torch.optim.Optimizer) -> str:
 def _as_float(lr: Any) -> float:
     return float(lr.detach()) if isinstance(lr, Tensor) else float(lr)
 
+
+_COUPLING = ("elementwise", "factored", "per_tensor", "global", "unknown")
+_SCHEDULES = ("any", "constant", "none")
 
 COMPOSITE_SPEC = OptimizerSpec(
     name="Composite", source="builtin", provider="optcore", qualified="optcore:Composite", loader=lambda: CompositeOptimizer

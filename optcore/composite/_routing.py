@@ -263,16 +263,19 @@ def _avoid(model: nn.Module | None, names: dict[int, str]) -> dict[int, str]:
 
 
 def refuse_sharded_matrices(spec: Any, groups: list[dict[str, Any]]) -> None:
-    """Muon's update orthogonalises the whole matrix; on an FSDP2 shard (a DTensor)
-    it would orthogonalise each rank's rows alone and silently differ."""
-    if not matrix_only(spec.target):
+    """An update of the whole tensor (the ``per_tensor`` sharding capability: Muon's
+    orthogonalisation) is refused over FSDP2's DTensor shards: it must be computed on
+    the whole matrix, and optcore neither gathers it nor vouches that the optimizer's
+    code does (one ``to_local`` or foreach op and each rank's rows are orthogonalised alone)."""
+    if not (matrix_only(spec.target) or getattr(spec.capabilities, "sharding", None) == "per_tensor"):
         return
     sharded = [tuple(p.shape) for g in groups for p in g["params"] if hasattr(p, "placements") and hasattr(p, "device_mesh")]
     if sharded:
         raise ConfigError(
             f"{spec.name} orthogonalises each whole matrix, and {len(sharded)} of its parameters are DTensor shards "
-            f"(FSDP2; shapes {sharded[:4]}): a per-shard update would differ from the unsharded one. Build it over "
-            "unsharded parameters (DDP), or route the sharded matrices to an elementwise optimizer (AdamW).",
+            f"(FSDP2; shapes {sharded[:4]}); its sharding capability is per_tensor, so the update needs the whole "
+            "tensor, and a per-shard one would differ from it. Build it over unsharded parameters (DDP), or route the "
+            "sharded parameters to an elementwise optimizer (AdamW).",
             problems=[("type", f"{spec.name} over DTensor parameters")],
         )
 
