@@ -385,3 +385,35 @@ def test_sharding_and_lr_schedule_are_those_of_the_whole() -> None:
     assert opt.parts["Muon"].sharding == "per_tensor" and opt.parts["AdamW"].sharding == "elementwise"
     assert opt.sharding == "per_tensor"
     assert opt.lr_schedule == "any"
+
+
+# -------------------------------------------------------------- optcore memory
+def _state_bytes(opt: Any, label: str) -> int:
+    part = opt.parts[label]
+    return sum(t.numel() * t.element_size() for g in part.param_groups for p in g["params"]
+               for t in opt.state.get(p, {}).values() if isinstance(t, torch.Tensor))
+
+
+def test_memory_predicts_each_route_as_a_real_step_holds_it() -> None:
+    from optcore.compare.memory import predict
+
+    row = predict(MUON_ADAMW, Tiny)
+    model = tiny()
+    opt = optcore.build_optimizer(MUON_ADAMW, model)
+    train(model, opt, range(1))
+    measured = {label: _state_bytes(opt, label) for label in opt.parts}
+    assert row["state_by_optimizer"] == measured
+    matrices = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks") and n.endswith("weight"))
+    assert measured["Muon"] == 4 * matrices  # one momentum buffer
+    assert measured["AdamW"] == 2 * 4 * (sum(p.numel() for p in model.parameters()) - matrices) + 4 * 6  # two moments, a step each
+    assert row["state_bytes"] == sum(measured.values())
+
+
+def test_memory_with_step_in_backward_holds_no_gradient_buffer() -> None:
+    from optcore.compare.memory import predict
+
+    plain, in_backward = predict(MUON_ADAMW, Tiny), predict({**MUON_ADAMW, "step_in_backward": True}, Tiny)
+    assert in_backward["state_bytes"] == plain["state_bytes"]
+    assert plain["grad_bytes"] == plain["param_bytes"]
+    assert in_backward["grad_bytes"] == max(p.numel() * 4 for p in tiny().parameters())
+    assert "step_in_backward" in in_backward["note"]
