@@ -417,3 +417,29 @@ def test_memory_with_step_in_backward_holds_no_gradient_buffer() -> None:
     assert plain["grad_bytes"] == plain["param_bytes"]
     assert in_backward["grad_bytes"] == max(p.numel() * 4 for p in tiny().parameters())
     assert "step_in_backward" in in_backward["note"]
+
+
+def test_dcp_save_and_resume_exactly(tmp_path: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+    )
+
+    straight = tiny()
+    train(straight, optcore.build_optimizer(MUON_ADAMW, straight), range(6))
+    model = tiny()
+    opt = optcore.build_optimizer(MUON_ADAMW, model)
+    train(model, opt, range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=str(tmp_path))
+        resumed = tiny(seed=5)
+        opt2 = optcore.build_optimizer(MUON_ADAMW, resumed)
+        state = {"model": get_model_state_dict(resumed), "optim": get_optimizer_state_dict(resumed, opt2)}
+        dcp.load(state, checkpoint_id=str(tmp_path))
+        set_model_state_dict(resumed, state["model"])
+        set_optimizer_state_dict(resumed, opt2, state["optim"])
+    assert all(part.state is opt2.state for part in opt2.parts.values())
+    train(resumed, opt2, range(3, 6))
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
