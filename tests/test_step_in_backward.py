@@ -112,3 +112,16 @@ def test_the_switch_is_a_flag() -> None:
     with pytest.raises(ConfigError, match="step_in_backward"):
         optcore.plan({"type": "AdamW", "step_in_backward": "maybe"})
     assert optcore.plan({"type": "AdamW", "step_in_backward": "false"}).step_in_backward is False
+
+
+def test_show_and_check_say_step_in_backward(tmp_path: Any, capsys: Any) -> None:
+    from optcore.cli import main
+
+    (tmp_path / "ok.yaml").write_text("type: AdamW\nstep_in_backward: true\n")
+    (tmp_path / "lbfgs.yaml").write_text("type: LBFGS\nstep_in_backward: true\n")
+    assert main(["show", "--config", str(tmp_path / "ok.yaml")]) == 0
+    assert "step_in_backward: each parameter steps" in capsys.readouterr().out
+    assert main(["check", str(tmp_path / "ok.yaml")]) == 0
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "lbfgs.yaml")]) == 1
+    assert "LBFGS may couple parameters" in capsys.readouterr().err

@@ -212,6 +212,8 @@ def _print_level(out: Any, level: dict[str, Any] | None, pad: str) -> None:
             out.print(f"{pad}  no-decay group: {level['no_decay_group']}", highlight=False)
         for i, group in enumerate(level.get("param_groups", [])):
             out.print(f"{pad}  param_groups[{i}]: {group}", highlight=False)
+        if level.get("step_in_backward"):
+            out.print(f"{pad}  step_in_backward: each parameter steps as its gradient is ready", highlight=False)
         for part in level.get("parts", [])[1:]:
             given = ", ".join(f"{k}={v!r}" for k, v in part["hparams"].items() if k in part["explicit"])
             out.print(f"{pad}  and {part['type']} ({given or 'defaults'}) for the parameters routed to it", highlight=False)
@@ -280,6 +282,8 @@ def _plan_info(plan_: Any) -> dict[str, Any]:
         out["wraps"] = _plan_info(plan_.inner)
     if plan_.parts:
         out["parts"] = [_plan_info(part) for part in plan_.parts]
+    if plan_.step_in_backward:
+        out["step_in_backward"] = True
     return out
 
 
