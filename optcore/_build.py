@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from . import composite
 from ._adapt import adapt
 from ._config import to_plain
 from ._errors import ConfigError, rejected_config
@@ -28,6 +29,11 @@ def build_optimizer(config: Any, params_or_model: Any, *, allow_import_paths: bo
 def construct(plan_: BuildPlan, *, announce: bool = True) -> Any:
     """The optimizer of a plan made with parameters; ``announce=False`` calls no
     ``optcore_optimizer_built`` hook (a trial construction, not a build)."""
+    optimizer = _construct(plan_, announce)
+    return composite.StepInBackward(optimizer) if plan_.step_in_backward else optimizer
+
+
+def _construct(plan_: BuildPlan, announce: bool) -> Any:
     spec = plan_.spec
     if plan_.inner is not None:
         inner = construct(plan_.inner, announce=announce)
@@ -35,6 +41,8 @@ def construct(plan_: BuildPlan, *, announce: bool = True) -> Any:
             return spec.target(inner, **plan_.hparams)
     if plan_.groups is None:
         raise ConfigError(f"The plan for {spec.name} was made without parameters; pass them to optcore.plan().")
+    if plan_.parts:
+        return composite.CompositeOptimizer([_construct(part, announce) for part in plan_.parts], plan_.routing)
     with rejected_config(spec, config={**plan_.hparams, "type": spec.qualified}):
         optimizer = _call(spec, [dict(g) for g in plan_.groups], dict(plan_.hparams))
     optimizer.optcore_spec = spec  # type: ignore[attr-defined]

@@ -29,7 +29,7 @@ GroupSelector = Sequence[int | str] | int | str | None
 #: computes its own step size and no schedule has an effect.
 LR_SCHEDULES = ("any", "constant", "none")
 
-_NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale"})
+_NON_HPARAM_KEYS = frozenset({"params", "param_names", "name", "lr_scale", "optimizer"})
 
 
 class ContractMixin:

@@ -16,7 +16,7 @@ from ._values import as_finite, as_flag, short_repr
 
 Rule = tuple[re.Pattern[str], dict[str, Any]]
 
-GROUP_META_KEYS = frozenset({"name", "lr_scale", "params"})
+GROUP_META_KEYS = frozenset({"name", "lr_scale", "params", "optimizer"})
 #: Keys that only steer the matching.
 MATCH_KEYS = frozenset({"optional"})
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from . import composite
 from ._config import chain
 from ._errors import ConfigError
 from ._group_rules import GROUP_META_KEYS, MATCH_KEYS, check_config
@@ -44,6 +45,10 @@ class BuildPlan:
     implementation: str | None = None
     #: the hook plugins' callers (pluggy's), collected once for the whole road
     hooks: Any = field(default=None, repr=False, compare=False)
+    #: a composite's optimizers (:mod:`.composite`), and with parameters its routing table
+    parts: tuple[BuildPlan, ...] = ()
+    routing: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
+    step_in_backward: bool = False
 
     @property
     def chain(self) -> tuple[OptimizerSpec, ...]:
@@ -81,14 +86,22 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
         if callable(check):
             check(inner, hparams)  # e.g. memory-efficient fp16 needs an optimizer that computes in fp32
         wrappers.append((spec, hparams, frozenset(cfg)))
-    plan_ = _plan_optimizer(specs[-1], links[-1], params_or_model, hooks)
+
+    def part(config: Any) -> BuildPlan:  # a fallback's or a param group's own optimizer
+        (link,) = composite.part_links(chain(config, hooks.optcore_rewrite_config))
+        return _plan_optimizer(resolve(link.pop("type"), allow_import_paths=allow_import_paths), link, None, hooks)
+
+    plan_ = _plan_optimizer(specs[-1], links[-1], params_or_model, hooks, part)
+    if wrappers and plan_.step_in_backward:
+        composite.refuse_wrapped_step_in_backward([spec.name for spec, _, _ in wrappers])
     for spec, hparams, explicit in reversed(wrappers):
         plan_ = BuildPlan(spec=spec, hparams=MappingProxyType(hparams), explicit=explicit, inner=plan_, hooks=hooks)
     return plan_
 
 
-def _plan_optimizer(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: Any, hooks: Any) -> BuildPlan:
-    """The plan of the optimizer that steps (the innermost of a chain)."""
+def _plan_optimizer(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: Any, hooks: Any, part: Any = None) -> BuildPlan:
+    """The plan of the optimizer that steps (the innermost of a chain); ``part``
+    plans the other optimizers of a composite config."""
     if spec.is_wrapper:
         raise ConfigError(
             f"{spec.name} wraps another optimizer: give it as 'optimizer', e.g. "
@@ -97,6 +110,7 @@ def _plan_optimizer(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: A
         )
     group_specs = [dict(g) for g in cfg.pop("param_groups", None) or []]
     no_decay = cfg.pop("no_decay", True)
+    fallback, in_backward = cfg.pop("fallback", None), cfg.pop("step_in_backward", False)
     _reject_plugin_keys(spec, cfg)
     try:
         hparams = validate_hparams(spec.schema, cfg, spec.name)
@@ -116,7 +130,10 @@ def _plan_optimizer(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: A
         group_specs=tuple(MappingProxyType(g) for g in group_specs),
         no_decay=no_decay,
         hooks=hooks,
+        step_in_backward=in_backward is not False and composite.backward_flag(in_backward),
     )
+    if fallback is not None or any(isinstance(g, Mapping) and "optimizer" in g for g in group_specs):
+        return composite.plan_composite(plan_, fallback, params_or_model, part=part, finish=with_groups)
     if params_or_model is not None:
         return _with_params(plan_, params_or_model)
     check_config(group_specs)  # what matching would reject, without parameters to match
@@ -190,6 +207,8 @@ def with_groups(plan_: BuildPlan, groups: list[dict[str, Any]]) -> BuildPlan:
     """The plan completed with ``groups``: their overrides validated, ``lr_scale``
     applied, the implementation chosen (``optcore check`` passes stand-in groups)."""
     spec, hparams = plan_.spec, dict(plan_.hparams)
+    if any(hasattr(p, "device_mesh") for g in groups for p in g["params"]):  # FSDP2's DTensor shards
+        composite.refuse_sharded_matrices(spec, groups)
     _check_overrides(plan_, groups)
     for group in groups:
         # a tensor lr stays a tensor (torch.compile's recipe), one per group: a scheduler fills it in place

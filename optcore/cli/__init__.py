@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="schema, defaults, capabilities and origin of one name; or a config's build plan")
     p.add_argument("name", nargs="?")
     p.add_argument("--config", metavar="FILE", help="print the build plan of a JSON/YAML/TOML optimizer config instead")
+    p.add_argument("--model", metavar="MOD:FN", help="with --config: plan over this model and print the routing table")
     p.add_argument("--json", action="store_true")
     p.add_argument("--scheduler", action="store_true", help="NAME is a scheduler")
     p.set_defaults(func=cmd_show)

@@ -174,6 +174,8 @@ def _show_plan(args: argparse.Namespace) -> int:
     from ._check import configs_of, scheduler_plan
 
     configs, total = configs_of(load_config_file(args.config))
+    if getattr(args, "model", None):
+        return _show_routing(plan, [cfg for _, kind, cfg in configs if kind == "optimizer"], args)
     runs: list[dict[str, Any]] = []
     for label, kind, cfg in configs:
         if kind == "optimizer":
@@ -210,10 +212,52 @@ def _print_level(out: Any, level: dict[str, Any] | None, pad: str) -> None:
             out.print(f"{pad}  no-decay group: {level['no_decay_group']}", highlight=False)
         for i, group in enumerate(level.get("param_groups", [])):
             out.print(f"{pad}  param_groups[{i}]: {group}", highlight=False)
+        if level.get("step_in_backward"):
+            out.print(f"{pad}  step_in_backward: each parameter steps as its gradient is ready", highlight=False)
+        for part in level.get("parts", [])[1:]:
+            given = ", ".join(f"{k}={v!r}" for k, v in part["hparams"].items() if k in part["explicit"])
+            out.print(f"{pad}  and {part['type']} ({given or 'defaults'}) for the parameters routed to it", highlight=False)
         level = level.get("wraps")
         if level is not None:
             out.print(f"{pad}  wraps:")
         pad += "    "
+
+
+def routing_rows(plan_: Any, model: Any) -> list[dict[str, Any]]:
+    """One row per parameter: name, shape, the optimizer that steps it, effective lr and
+    weight decay (a composite's routing table; for one optimizer, its groups')."""
+    if plan_.routing:
+        return [dict(row) for row in plan_.routing]
+    while plan_.inner is not None:
+        plan_ = plan_.inner
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [
+        {"name": names.get(id(p), ""), "shape": tuple(p.shape), "optimizer": plan_.spec.name, "why": "main",
+         "lr": group.get("lr", plan_.hparams.get("lr")), "weight_decay": group.get("weight_decay", plan_.hparams.get("weight_decay"))}
+        for group in plan_.groups for p in group["params"]
+    ]
+
+
+def _show_routing(plan: Any, optimizers: list[Any], args: argparse.Namespace) -> int:
+    """``optcore show --config FILE --model MOD:FN``: which optimizer steps which parameter."""
+    from ..compare.memory import factory_from_spec
+
+    factory = factory_from_spec(args.model)
+    tables = []
+    for cfg in optimizers:
+        model = factory()
+        tables.append(routing_rows(plan(cfg, model), model))
+    if args.json:
+        print(json.dumps(tables[0] if len(tables) == 1 else tables, indent=2, default=str))
+        return 0
+    out = console()
+    for rows in tables:
+        grid = table(f"routing of {args.config} over {args.model}", ("parameter", "shape", "optimizer", "lr", "weight_decay", "why"))
+        for row in rows:
+            grid.add_row(row["name"], str(tuple(row["shape"])), row["optimizer"], f"{_jsonable(row['lr'])}",
+                         f"{_jsonable(row['weight_decay'])}", row["why"])
+        out.print(grid)
+    return 0
 
 
 def _plan_info(plan_: Any) -> dict[str, Any]:
@@ -236,6 +280,10 @@ def _plan_info(plan_: Any) -> dict[str, Any]:
         out["no_decay"] = False
     if plan_.inner is not None:
         out["wraps"] = _plan_info(plan_.inner)
+    if plan_.parts:
+        out["parts"] = [_plan_info(part) for part in plan_.parts]
+    if plan_.step_in_backward:
+        out["step_in_backward"] = True
     return out
 
 

@@ -63,6 +63,12 @@ def _construct_on(plan_: BuildPlan, device: str, dtype: torch.dtype) -> None:
 def _with_stand_ins(plan_: BuildPlan, device: str, dtype: torch.dtype) -> BuildPlan:
     if plan_.inner is not None:
         return replace(plan_, inner=_with_stand_ins(plan_.inner, device, dtype))
+    if plan_.parts:  # a composite: each optimizer over stand-ins of its own, labelled as the build labels them
+        parts = [_with_stand_ins(replace(part, group_specs=()), device, dtype) for part in plan_.parts]
+        for i, part in enumerate(parts):
+            for group in part.groups:
+                group["optimizer"] = f"{part.spec.name}-{i}"
+        return replace(plan_, parts=tuple(parts), groups=tuple(g for part in parts for g in part.groups))
 
     def param() -> torch.nn.Parameter:
         return torch.nn.Parameter(torch.zeros(SHAPE, dtype=dtype, device=device))

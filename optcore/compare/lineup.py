@@ -36,6 +36,10 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...], dict[str, Any]], ...] = (
      {"lr": 1e-2, "relative_step": False, "scale_parameter": False}),
     ("Prodigy", ("pytorch_optimizer:Prodigy",), {"lr": 1.0}),
     ("ScheduleFreeAdamW", ("pytorch_optimizer:ScheduleFreeAdamW",), {"lr": 1e-2}),
+    # A composite: Muon on the hidden matrices, AdamW on the rest (torch >= 2.9). match_rms_adamw puts
+    # Muon's updates at AdamW's RMS, so AdamW's pick serves both halves (not swept on its own).
+    ("Muon+AdamW", ("torch:Muon",),
+     {"lr": 1e-2, "adjust_lr_fn": "match_rms_adamw", "fallback": {"type": "torch:AdamW", "weight_decay": 0.01}}),
 )  # fmt: skip
 
 
@@ -52,7 +56,7 @@ def _quiet_resolve(name: str) -> Any:
 
 def _fitting(hparams: Mapping[str, Any], spec: Any) -> dict[str, Any]:
     """``hparams`` when ``spec``'s schema takes them all, else nothing (library defaults)."""
-    return dict(hparams) if set(hparams) <= set(spec.schema.model_fields) else {}
+    return dict(hparams) if set(hparams) - {"fallback"} <= set(spec.schema.model_fields) else {}
 
 
 def default_entries() -> list[dict[str, Any]]:

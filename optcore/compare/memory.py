@@ -27,6 +27,7 @@ import optcore
 from optcore import ConfigError, resolve
 
 from .._config import typed_config
+from ..composite import CompositeOptimizer, StepInBackward
 from .._contract import ContractMixin
 from .lineup import built_name
 from .metascalars import MetaScalars, ItemsInKernels
@@ -140,6 +141,11 @@ def step_on(model: nn.Module, optimizer: Any, accumulations: int = 1, mode: Any 
     are set directly, which on the meta device costs nothing."""
     params = [p for p in model.parameters() if p.requires_grad]
     own_backward = type(optimizer).backward is not ContractMixin.backward if hasattr(optimizer, "backward") else False
+    if isinstance(optimizer, StepInBackward):  # the step runs in the backward's hooks
+        with mode if mode is not None else contextlib.nullcontext():
+            Tensor.backward(sum((p.float() * 1.0).sum() for p in params))
+            optimizer.step()
+        return
     if own_backward or accumulations > 1 or any(p._backward_hooks for p in params):
         backward = optimizer.backward if own_backward else Tensor.backward
         for _ in range(accumulations):
@@ -205,9 +211,27 @@ def predict(optimizer_cfg: Any, factory: Callable[[], nn.Module] | MetaModels) -
             model.zero_grad(set_to_none=True)
             continue
         row.update(optimizer_state_bytes(optimizer, params))
+        _per_route(row, optimizer, params)
         return row
     row["status"], row["note"] = "not predicted", f"its step needs real data ({type(error).__name__}: {error})"
     return row
+
+
+def _per_route(row: dict[str, Any], optimizer: Any, params: list[Tensor]) -> None:
+    """A composite's state by optimizer (Muon's one buffer, AdamW's two); with
+    ``step_in_backward`` no gradient buffer: one parameter's gradient at a time."""
+    inner = optimizer.inner if isinstance(optimizer, StepInBackward) else optimizer
+    if isinstance(inner, CompositeOptimizer):
+        row["state_by_optimizer"] = {
+            label: sum(t.numel() * t.element_size() for g in part.param_groups for p in g["params"]
+                       for t in inner.state.get(p, {}).values() if isinstance(t, Tensor))
+            for label, part in inner.parts.items()
+        }
+        row["note"] = "state by optimizer: " + ", ".join(f"{k} {v} B" for k, v in row["state_by_optimizer"].items())
+    if isinstance(optimizer, StepInBackward):
+        row["grad_bytes"] = max((p.numel() * p.element_size() for p in params), default=0)
+        note = "step_in_backward: each gradient is freed as its parameter steps (the largest one shown)"
+        row["note"] = f"{row['note']}; {note}" if row.get("note") else note
 
 
 def predict_all(entries: Sequence[Mapping[str, Any]], factory: Callable[[], nn.Module], precision: str = "fp32",

@@ -61,7 +61,13 @@ def _count(tensors: Iterator[Tensor], seen: set[int]) -> int:
 def _tensors(obj: Any, depth: int = 0) -> Iterator[Tensor]:
     """Tensors in ``obj`` and its mappings, lists and tuples (not in other objects:
     a module or a hook a wrapper holds is not optimizer state)."""
-    if isinstance(obj, Tensor):
+    if isinstance(obj, Tensor) and hasattr(type(obj), "__tensor_flatten__") and depth < 8:
+        # a wrapper subclass (torchao's 8-bit and 4-bit states): its inner tensors hold the bytes,
+        # not the logical fp32 size the wrapper reports
+        names, _ = obj.__tensor_flatten__()
+        for name in names:
+            yield from _tensors(getattr(obj, name), depth + 1)
+    elif isinstance(obj, Tensor):
         yield obj
     elif depth < 8 and isinstance(obj, Mapping):
         for value in obj.values():
