@@ -24,6 +24,7 @@ from ._torch_facts import (
     TORCH_FACTS,
     known_lr_schedule,
 )
+from .guards import check_fused_inputs
 
 _cache: dict[type, type] = {}
 _lock = threading.Lock()
@@ -40,6 +41,20 @@ class _FusedScaleMixin(ContractMixin):
     @property  # type: ignore[override]
     def supports_step_with_scale(self) -> bool:
         return bool(self.param_groups) and all(g.get("fused") for g in self.param_groups)
+
+    def step(self, closure: Any = None, scale: float = 1.0, groups: Any = None) -> Any:  # type: ignore[override]
+        """The fused kernels write through their tensors unchecked (a replaced
+        ``p.data`` or state tensor corrupts the heap): judged first, after the
+        closure made the gradients (:func:`optcore.guards.check_fused_inputs`)."""
+        if torch.compiler.is_compiling() or not any(g.get("fused") for g in self.param_groups):
+            return super().step(closure, scale, groups)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        check_fused_inputs(self.param_groups, self.state)
+        super().step(None, scale, groups)
+        return loss
 
     def _scaled_step(self, scale: float) -> None:
         if scale == 1.0 or not self.supports_step_with_scale:

@@ -11,21 +11,37 @@ from typing import Any
 from ._errors import ConfigError
 from ._literals import parse_optim_args
 from ._values import as_flag, short_repr
+from .guards import check_nesting
 
 
 def to_plain(config: Any) -> Any:
-    """DictConfig and pydantic models, recursively, as dicts and lists."""
+    """DictConfig and pydantic models, recursively, as dicts and lists; within
+    the limits of config files (:func:`optcore.guards.check_nesting`)."""
+    check_nesting(config)
+    return _plain(config)
+
+
+def _plain(config: Any) -> Any:
     if type(config).__module__.startswith("omegaconf"):
         from omegaconf import OmegaConf
 
-        return OmegaConf.to_container(config, resolve=True)
+        return _converted(lambda: OmegaConf.to_container(config, resolve=True))
     if hasattr(config, "model_dump") and callable(config.model_dump):
-        return config.model_dump(exclude_none=False)
+        return _converted(lambda: config.model_dump(exclude_none=False))
     if isinstance(config, Mapping):
-        return {str(k): to_plain(v) for k, v in config.items()}
+        return {str(k): _plain(v) for k, v in config.items()}
     if isinstance(config, (list, tuple)):
-        return type(config)(to_plain(v) for v in config) if isinstance(config, tuple) else [to_plain(v) for v in config]
+        return type(config)(_plain(v) for v in config) if isinstance(config, tuple) else [_plain(v) for v in config]
     return config
+
+
+def _converted(convert: Any) -> Any:
+    try:
+        plain = convert()
+    except RecursionError:
+        raise ConfigError("The config nests too deep to convert to plain data.", problems=[("<config>", "nested too deep")]) from None
+    check_nesting(plain)
+    return plain
 
 
 def typed_config(

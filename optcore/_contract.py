@@ -16,9 +16,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ._checkpoint import check_identity, check_shapes
+from ._checkpoint import check_identity
 from ._errors import ConfigError
 from ._grads import by_device_and_dtype, params_with_grad, total_grad_norm
+from ._values import clean_text
+from .guards import check_state_dict
 
 GroupSelector = Sequence[int | str] | int | str | None
 
@@ -168,13 +170,21 @@ class ContractMixin:
     ) -> None:
         """Another version of the saver loads with a warning; a plain torch state
         dict is checked against the parameters only."""
-        if isinstance(state_dict, Mapping):
-            record = state_dict.get("optcore")
-            if isinstance(record, Mapping):
-                check_identity(self, record)
-                state_dict = {k: v for k, v in state_dict.items() if k != "optcore"}
-            check_shapes(self, state_dict, record.get("param_shapes") if isinstance(record, Mapping) else None)
-        super().load_state_dict(state_dict)  # type: ignore[misc]
+        if not isinstance(state_dict, Mapping):
+            raise ConfigError(f"load_state_dict takes an optimizer's state_dict (a mapping), got {type(state_dict).__name__}.")
+        record = state_dict.get("optcore")
+        if isinstance(record, Mapping):
+            check_identity(self, record)
+            state_dict = {k: v for k, v in state_dict.items() if k != "optcore"}
+        check_state_dict(self, state_dict, record.get("param_shapes") if isinstance(record, Mapping) else None)
+        try:
+            super().load_state_dict(state_dict)  # type: ignore[misc]
+        except (TypeError, KeyError, ValueError, IndexError, AttributeError) as exc:  # torch's, on a tampered dict
+            raise ConfigError(
+                f"This state_dict does not load: {type(exc).__name__}: {clean_text(exc, 300)}. The checkpoint is "
+                "damaged or not this optimizer's; load the one that was saved, or skip load_state_dict to start fresh.",
+                problems=[("state_dict", type(exc).__name__)],
+            ) from exc
         if optimizer_overrides:
             known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
             unknown = sorted(set(optimizer_overrides) - known)

@@ -105,7 +105,7 @@ def rejected_config(spec: Any, *, config: Any = None) -> Iterator[None]:
         yield
     except (OptcoreError, MemoryError):
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in a constructor ends no program; Ctrl-C still does
         detail = clean_text(str(exc), 400)
         if not detail:  # a bare `assert`: show the line that failed
             import traceback

@@ -7,14 +7,14 @@ matches nothing (a typo would change nothing) unless it is ``"optional": true``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ._errors import ConfigError
-from ._values import as_finite, as_flag, short_repr
+from ._values import as_finite, as_flag, clean_text, short_repr
+from .guards import PatternError, compile_pattern
 
-Rule = tuple[re.Pattern[str], dict[str, Any]]
+Rule = tuple[Any, dict[str, Any]]  # an RE2 pattern: .search and .pattern as re's
 
 GROUP_META_KEYS = frozenset({"name", "lr_scale", "params", "optimizer"})
 #: Keys that only steer the matching.
@@ -48,12 +48,16 @@ def compile_rules(groups: Iterable[Mapping[str, Any]], what: str) -> list[Rule]:
                 problems=[(f"{what}[{i}].name", "not a string")],
             )
         try:
-            pattern = re.compile(group["params"])
-        except (re.error, RecursionError, OverflowError) as exc:  # the last two: a pathological pattern
-            why = str(exc) if isinstance(exc, re.error) else f"{type(exc).__name__}; write a simpler regex"
+            pattern = compile_pattern(group["params"])
+        except PatternError as exc:
+            where, why = f"{what}[{i}].params", clean_text(exc.why, 200)
+            if not exc.unsupported:
+                raise ConfigError(f"{where} {short_repr(group['params'])} is not a valid regex: {why}.", problems=[(where, why)]) from None
             raise ConfigError(
-                f"{what}[{i}].params {short_repr(group['params'])} is not a valid regex: {why}.",
-                problems=[(f"{what}[{i}].params", why)],
+                f"{where} {short_repr(group['params'])} is a regex the linear-time matcher (RE2) does not take: {why}. "
+                "Backreferences and lookahead/lookbehind ((?=, (?!, (?<=, (?<!) can make matching take exponential "
+                "time, so they are refused; write the regex without them (anchor with ^ and $; \\Z is written $).",
+                problems=[(where, f"not supported by RE2: {why}")],
             ) from None
         values = {k: v for k, v in group.items() if k != "params" and k not in MATCH_KEYS}
         if "lr_scale" in values:

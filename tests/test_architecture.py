@@ -76,10 +76,11 @@ def test_each_module_is_entered_once():
     """Each core module is entered at one step of the road. Two steps need one
     twice: validation (``_schema``, with ``_literals`` under it), for the
     hyper-parameters and then for the built groups' overrides, which need the
-    first; and discovery (``_plugins``), once per entry-point group (hook
-    plugins, then optimizers)."""
+    first; discovery (``_plugins``), once per entry-point group (hook
+    plugins, then optimizers); and the checks of untrusted input (``guards``),
+    for the config's nesting and for its regexes."""
     entered = Counter(b for _, b in _core(road.road(road.CONFIGS[0])))
-    assert {m: n for m, n in entered.items() if n > 1} == {"_schema": 2, "_literals": 2, "_plugins": 2}
+    assert {m: n for m, n in entered.items() if n > 1} == {"_schema": 2, "_literals": 2, "_plugins": 2, "guards": 2}
 
 
 @needs_plugins

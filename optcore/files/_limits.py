@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..guards import MAX_DEPTH, MAX_NODES  # the limits of a config given as Python data too
+
 #: largest config file read (configs are kilobytes)
 MAX_BYTES = 4 * 1024 * 1024
-#: deepest nesting of lists/mappings
-MAX_DEPTH = 64
-#: most values (scalars, lists, mappings) once YAML aliases are expanded
-MAX_NODES = 200_000
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "LimitError", "check_shape", "too_deep", "too_many"]
 
 
 class LimitError(Exception):

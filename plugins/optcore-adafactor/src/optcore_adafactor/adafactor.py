@@ -333,6 +333,9 @@ class Adafactor(Optimizer):
             shapes["exp_avg"] = p.shape
         return shapes
 
+    #: read by optcore when a state_dict loads: the state tensors of a parameter and their shapes
+    state_shapes = _state_shapes
+
     @staticmethod
     def _param_name(group: dict[str, Any], p: Tensor) -> str:
         """The parameter's name where the group has names, else its place."""

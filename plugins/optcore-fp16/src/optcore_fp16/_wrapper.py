@@ -396,6 +396,8 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
         extras = self._pop_extras(sd)
         self._check_layout(info)
         self._check_extras(extras)  # before anything is loaded: a failed load changes nothing
+        if self.scaler is not None and scaler_state is not None:
+            self.scaler.parse_state(scaler_state)
         try:
             if is_contract(self.optimizer):
                 self.optimizer.load_state_dict(sd, optimizer_overrides)
@@ -403,9 +405,14 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
                 self.optimizer.load_state_dict(sd)
                 for group in self.optimizer.param_groups:
                     group.update(optimizer_overrides or {})
-        except ConfigError:
-            raise
-        except (ValueError, KeyError) as exc:
+        except ConfigError as exc:
+            if not any(field == "param_groups" for field, _ in exc.problems):
+                raise
+            raise ConfigError(  # the groups differ: the wrapper knows which layout would fit
+                f"{type(self).__name__} cannot load this optimizer state: {exc.message} {self._layout_hint()}",
+                exc.problems, target=type(self).__name__,
+            ) from exc
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise ConfigError(
                 f"{type(self).__name__} cannot load this optimizer state: {exc}. {self._layout_hint()}",
                 target=type(self).__name__,

@@ -403,6 +403,12 @@ class FP16Optimizer(PrecisionWrapper):
         by tensor: a ConfigError naming the first that does not."""
         if extras is None:
             return
+        if not isinstance(extras, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in extras):
+            raise ConfigError(
+                f"FP16Optimizer cannot load this state: its {MASTER_KEY!r} is not a list of tensors per param group. "
+                "The checkpoint is damaged or was edited; load the one that was saved.",
+                problems=[(MASTER_KEY, "not a list of lists")], target="FP16Optimizer",
+            )
         if len(extras) != len(self._masters):
             raise ConfigError(
                 f"FP16Optimizer cannot load this state: it has fp32 parameters for {len(extras)} param groups, this "

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from optcore import OptcoreError
+from optcore import ConfigError, OptcoreError
 from optcore.plugin import validate_hparams
 
 from .schemas import LossScalerConfig
@@ -251,16 +251,34 @@ class DynamicLossScaler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the scale and the counters; the configuration stays as
         constructed (so a resumed run may change ``scale_window`` and the like)."""
-        missing = [k for k in _DYNAMIC_KEYS if k not in state]
-        if missing:
-            raise KeyError(f"loss scaler state lacks {missing}; it is not from DynamicLossScaler.state_dict()")
-        self.loss_scale = float(state["loss_scale"])
-        self._iter = int(state["iter"])
-        self._last_overflow_iter = int(state["last_overflow_iter"])
-        self._last_rescale_iter = int(state["last_rescale_iter"])
-        self._overflows_since_rescale = int(state["overflows_since_rescale"])
-        self.skipped_steps = int(state["skipped_steps"])
-        self._recent = deque((bool(o) for o in state.get("recent_overflows", ())), maxlen=HISTORY)
+        values, recent = self.parse_state(state)
+        self.loss_scale = values["loss_scale"]
+        self._iter = values["iter"]
+        self._last_overflow_iter = values["last_overflow_iter"]
+        self._last_rescale_iter = values["last_rescale_iter"]
+        self._overflows_since_rescale = values["overflows_since_rescale"]
+        self.skipped_steps = values["skipped_steps"]
+        self._recent = deque(recent, maxlen=HISTORY)
+
+    @staticmethod
+    def parse_state(state: Any) -> tuple[dict[str, Any], list[bool]]:
+        """What :meth:`load_state_dict` restores, or a ConfigError (before anything
+        changes): a NaN or non-positive scale would turn every step into a skip."""
+        missing = [k for k in _DYNAMIC_KEYS if k not in state] if isinstance(state, dict) else list(_DYNAMIC_KEYS)
+        try:
+            if missing:
+                raise ValueError(f"it lacks {missing}")
+            values = {k: int(state[k]) if k != "loss_scale" else float(state[k]) for k in _DYNAMIC_KEYS}
+            recent = [bool(o) for o in state.get("recent_overflows", ())][-HISTORY:]
+            if not math.isfinite(values["loss_scale"]) or values["loss_scale"] <= 0:
+                raise ValueError(f"its loss_scale is {values['loss_scale']}, not a finite number > 0")
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ConfigError(
+                f"The loss scaler state cannot be loaded: {str(exc)[:200]}. It is not from "
+                "DynamicLossScaler.state_dict(), or it was edited; load the checkpoint as it was saved.",
+                problems=[("loss_scaler", "bad state")],
+            ) from None
+        return values, recent
 
     def __repr__(self) -> str:
         return (

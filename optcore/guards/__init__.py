@@ -1,0 +1,23 @@
+"""Checks for input optcore does not control: checkpoints, the tensors a fused
+kernel is handed, config patterns and config nesting.
+
+Each answers "can this be used?" from metadata alone (shapes, dtypes, sizes,
+depths), cheaply enough to run on every load, step or config, and names what
+is wrong; nothing here changes what it is given.
+"""
+
+from ._kernel_inputs import check_fused_inputs
+from ._nesting import MAX_DEPTH, MAX_NODES, check_nesting
+from ._patterns import PatternError, compile_pattern
+from ._state import ELEMENTWISE, check_state_dict
+
+__all__ = [
+    "ELEMENTWISE",
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "PatternError",
+    "check_fused_inputs",
+    "check_nesting",
+    "check_state_dict",
+    "compile_pattern",
+]

@@ -1,0 +1,73 @@
+"""The tensors torch's fused optimizer kernels are handed, judged first.
+
+``torch._fused_adamw_`` and its kind take each tensor's data pointer and
+write as many elements as the parameter has, without checking the others: a
+parameter whose ``.data`` was replaced by a smaller tensor, a storage resized
+to nothing, or a state tensor swapped for one of another size corrupts the
+heap instead of raising. optcore picks these kernels by default, so it checks
+what they would not, from metadata only (shape, dtype, device, storage size):
+no tensor is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import ConfigError
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping[Any, Any]) -> None:
+    """A :class:`ConfigError` naming the first tensor of a ``fused`` group that
+    the kernel would read or write out of bounds, before anything is written."""
+    for g, group in enumerate(param_groups):
+        if not group.get("fused"):
+            continue
+        for i, p in enumerate(group["params"]):
+            grad = p.grad
+            if grad is None or type(p) not in _PLAIN:
+                continue
+            problem = _problem(p, p, "the parameter") or _problem(grad, p, "its gradient")
+            entry = state.get(p) if problem is None else None
+            for key, value in entry.items() if entry else ():
+                if not isinstance(value, Tensor):
+                    continue
+                if key == "step":
+                    if value.numel() != 1 or not _fits(value):
+                        problem = f"its step count is a tensor of shape {tuple(value.shape)}, not one number"
+                else:
+                    problem = _problem(value, p, f"its state {key!r}")
+                if problem:
+                    break
+            if problem:
+                raise ConfigError(
+                    f"Cannot step param group {g}, parameter {i} (shape {tuple(p.shape)}): {problem}. torch's fused "
+                    "kernel would read and write past it. Change a parameter through its values (p.data.copy_(...)) "
+                    "rather than replacing p.data, and build a new optimizer after resizing a model or editing "
+                    "optimizer.state.",
+                    problems=[(f"param_groups[{g}].params[{i}]", problem)],
+                )
+
+
+def _problem(t: Tensor, p: Tensor, what: str) -> str | None:
+    if t.shape != p.shape:
+        return f"{what} has shape {tuple(t.shape)}, the parameter {tuple(p.shape)}"
+    if t.dtype != p.dtype or t.device != p.device:
+        return f"{what} is {t.dtype} on {t.device}, the parameter {p.dtype} on {p.device}"
+    if not _fits(t):
+        return f"{what} has shape {tuple(t.shape)} but its storage holds only {t.untyped_storage().nbytes()} bytes"
+    return None
+
+
+def _fits(t: Tensor) -> bool:
+    """Whether ``t``'s storage holds every element its shape, strides and
+    offset reach, also when a kernel walks it as ``numel`` contiguous elements."""
+    if t.numel() == 0:
+        return True
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.untyped_storage().nbytes() >= (t.storage_offset() + max(extent, t.numel())) * t.element_size()
