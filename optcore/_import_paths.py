@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from ._errors import ConfigError
 from ._values import clean_text, short_repr
 from ._names import close_matches, normalize
-from ._packages import importable_classes, is_installed, what_it_is
+from ._packages import KNOWN_PACKAGES, importable_classes, is_installed, what_it_is
 from ._plugins import entry_points
 from ._spec import OptimizerSpec
 
@@ -32,6 +36,49 @@ def import_paths_allowed(flag: bool | None = None) -> bool:
     if flag is not None:
         return bool(flag)
     return os.environ.get("OPTCORE_ALLOW_IMPORT_PATHS", "").strip().lower() not in _OFF
+
+
+_judging_only: ContextVar[bool] = ContextVar("optcore_judging_only", default=False)
+
+
+@contextmanager
+def without_imports() -> Iterator[None]:
+    """Resolution inside runs no module's code: an import path to a module not
+    imported yet is located on disk and refused by name (``optcore check`` and
+    ``show`` judge a config; they must not run what they judge)."""
+    token = _judging_only.set(True)
+    try:
+        yield
+    finally:
+        _judging_only.reset(token)
+
+
+def locate(module: str) -> str | None:
+    """Where ``module`` would be imported from, or ``None``: each parent's
+    search path from its spec, so no package's ``__init__`` runs (which
+    ``importlib.util.find_spec`` would do for a dotted name)."""
+    path, spec = None, None
+    parts = module.split(".")
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            spec, path = getattr(loaded, "__spec__", None), getattr(loaded, "__path__", None)
+        else:
+            spec = next((s for finder in sys.meta_path if (s := _find_spec(finder, name, path)) is not None), None)
+            if spec is None:
+                return None
+            path = spec.submodule_search_locations
+        if path is None and i < len(parts) - 1:
+            return None  # a module, not a package: it has no submodules
+    return str(getattr(spec, "origin", None) or "a namespace package")
+
+
+def _find_spec(finder: Any, name: str, path: Any) -> Any:
+    try:
+        return finder.find_spec(name, list(path) if path is not None else None)
+    except Exception:  # a finder that fails on a name it does not know
+        return None
 
 
 class ImportPaths:
@@ -73,6 +120,8 @@ class ImportPaths:
                 close_matches(attr, self._all_names(self._index())),
                 hint=f"Module {top!r} is not installed; pip install the package that provides it.",
             )
+        if _judging_only.get() and module not in sys.modules and top not in self._trusted_tops():
+            raise self._not_judged(module, attr, text)
         mod = self._import_module(module, text)
         try:
             obj = getattr(mod, attr)
@@ -108,6 +157,27 @@ class ImportPaths:
         same = (b for b in self._builtins if b.source == "torch" and normalize(b.name) == normalize(attr))
         return next((b for b in same if b.target is obj), None) or self._spec_for_object(
             obj, qualified=f"{module}:{attr}", source="package"
+        )
+
+    def _trusted_tops(self) -> set[str]:
+        """Packages a resolution imports anyway: torch, the known optimizer packages, installed plugins."""
+        plugins = {e.value.partition(":")[0].strip().partition(".")[0] for e in entry_points(self.group)}
+        return {"torch", *(p.top_level for p in KNOWN_PACKAGES), *plugins}
+
+    def _not_judged(self, module: str, attr: str, text: str) -> Exception:
+        origin = locate(module)
+        if origin is None:
+            return self._not_found(text, [f"import path {module}"], [], hint=f"There is no module {module!r}.")
+        return ConfigError(
+            f"type {short_repr(text, 120)} is an import path to module {module} ({clean_text(origin, 200)}), "
+            "which is not imported, and this command does not import it: importing runs the module's code, and a "
+            "check must not run the code it judges. A build imports it. To judge it here, run the command with "
+            f"--import-modules (which runs the module), or register the class and name it "
+            f"(`optcore.register_{self.kind}({attr!r}, {module}.{attr})`) or declare it as an entry point in group "
+            f"{self.group!r}. Where configs come from others, turn import paths off in builds too: "
+            "OPTCORE_ALLOW_IMPORT_PATHS=0 (or allow_import_paths=False).",
+            problems=[("type", "import path not imported by a check")],
+            target=text,
         )
 
     def _declared(self, module: str, attr: str) -> OptimizerSpec | None:

@@ -213,3 +213,62 @@ def test_a_name_only_a_missing_known_package_has_says_what_to_install():
     if ("bitsandbytes", "AdamW8bit") in missing:
         with pytest.raises(optcore.OptimizerNotFoundError, match="optimizer of bitsandbytes.*pip install bitsandbytes"):
             optcore.resolve("adamw_8bit")
+
+
+_PROBE = """
+import pathlib
+pathlib.Path(__file__).with_name("RAN").write_text("imported")
+import torch
+
+
+class ProbeSGD(torch.optim.SGD):
+    pass
+"""
+
+
+@pytest.mark.parametrize("command", ["check", "show --config", "show"])
+def test_check_and_show_do_not_import_the_module_a_config_names(tmp_path, capsys, monkeypatch, command):
+    """``{"type": "this:x"}`` printed the Zen of Python; a module beside the
+    config ran. The module is located, not run, and the message names the
+    switches; --import-modules judges it by importing (as a build does)."""
+    import sys
+
+    module = f"optcore_probe_{command.replace(' ', '_').replace('-', '')}"
+    (tmp_path / f"{module}.py").write_text(_PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"type": f"{module}:ProbeSGD", "lr": 0.1}))
+    target = str(config) if command != "show" else f"{module}.ProbeSGD"
+    argv = [*command.split(), target]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert not (tmp_path / "RAN").exists() and module not in sys.modules
+    assert f"module {module} ({tmp_path / module}.py)" in err.replace("\n  ", " ")
+    assert "--import-modules" in err and "OPTCORE_ALLOW_IMPORT_PATHS=0" in err
+    assert main([argv[0], "--import-modules", *argv[1:]]) == 0
+    assert (tmp_path / "RAN").exists()
+    sys.modules.pop(module, None)
+
+
+def test_check_never_runs_this(tmp_path, capsys):
+    import sys
+
+    config = tmp_path / "zen.json"
+    config.write_text('{"type": "this:x"}')
+    had = "this" in sys.modules
+    assert main(["check", str(config)]) == 1
+    out = capsys.readouterr()
+    assert "Beautiful is better than ugly" not in out.out + out.err
+    assert had or "this" not in sys.modules
+
+
+def test_check_of_a_module_that_is_nowhere_says_so_without_importing_its_parent(tmp_path, capsys, monkeypatch):
+    package = tmp_path / "optcore_probe_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text('raise SystemExit("the package ran")')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "c.json"
+    config.write_text('{"type": "optcore_probe_pkg.missing:X"}')
+    assert main(["check", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "There is no module 'optcore_probe_pkg.missing'" in err and "the package ran" not in err

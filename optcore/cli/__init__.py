@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="MOD:FN", help="with --config: plan over this model and print the routing table")
     p.add_argument("--json", action="store_true")
     p.add_argument("--scheduler", action="store_true", help="NAME is a scheduler")
+    _add_import_switch(p)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("check", help="validate JSON/YAML/TOML configs exactly as a build would (exit 1 on errors)")
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run length the code passes (optcore.build(..., num_training_steps=N)); it wins over the file's. "
         "Without it, a schedule whose length no file gives is checked without one, with a note",
     )
+
+
+    _add_import_switch(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("schema", help="JSON Schema of config files (for editor completion and CI checks)")
@@ -83,6 +87,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _add_import_switch(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--import-modules",
+        action="store_true",
+        help="import the modules a config's import paths name, to judge them (runs their code; off by default)",
+    )
+
+
 def _add_applications(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from ..compare import commands  # the main job: compare, train, memory (imports only argparse)
 
@@ -102,6 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with warnings.catch_warnings():  # the filters stay; only how a shown warning reads changes
         warnings.showwarning = _show_warning
         try:
+            if args.command in ("check", "show", "schema") and not getattr(args, "import_modules", False):
+                from .._import_paths import without_imports  # a judging command runs no config's module
+
+                with without_imports():
+                    return int(args.func(args) or 0)
             return int(args.func(args) or 0)
         except OptcoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
