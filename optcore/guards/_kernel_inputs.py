@@ -24,7 +24,8 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 
 def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping[Any, Any]) -> None:
     """A :class:`ConfigError` naming the first tensor of a ``fused`` group that
-    the kernel would read or write out of bounds, before anything is written."""
+    the kernel would read or write out of bounds, before anything is written.
+    A few attribute reads per tensor: this runs before every fused step."""
     for g, group in enumerate(param_groups):
         if not group.get("fused"):
             continue
@@ -32,7 +33,8 @@ def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping
             grad = p.grad
             if grad is None or type(p) not in _PLAIN:
                 continue
-            problem = _problem(p, p, "the parameter") or _problem(grad, p, "its gradient")
+            problem = None if _fits(p) else _storage_problem(p, "the parameter")
+            problem = problem or _problem(grad, p, "its gradient")
             entry = state.get(p) if problem is None else None
             for key, value in entry.items() if entry else ():
                 if not isinstance(value, Tensor):
@@ -57,17 +59,23 @@ def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping
 def _problem(t: Tensor, p: Tensor, what: str) -> str | None:
     if t.shape != p.shape:
         return f"{what} has shape {tuple(t.shape)}, the parameter {tuple(p.shape)}"
-    if t.dtype != p.dtype or t.device != p.device:
+    if t.dtype is not p.dtype or t.get_device() != p.get_device():
         return f"{what} is {t.dtype} on {t.device}, the parameter {p.dtype} on {p.device}"
-    if not _fits(t):
-        return f"{what} has shape {tuple(t.shape)} but its storage holds only {t.untyped_storage().nbytes()} bytes"
-    return None
+    return None if _fits(t) else _storage_problem(t, what)
+
+
+def _storage_problem(t: Tensor, what: str) -> str:
+    return f"{what} has shape {tuple(t.shape)} but its storage holds only {t.untyped_storage().nbytes()} bytes"
 
 
 def _fits(t: Tensor) -> bool:
     """Whether ``t``'s storage holds every element its shape, strides and
     offset reach, also when a kernel walks it as ``numel`` contiguous elements."""
-    if t.numel() == 0:
+    size = t.nbytes
+    if not size:
         return True
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return t.untyped_storage().nbytes() >= (t.storage_offset() + max(extent, t.numel())) * t.element_size()
+    offset = t.storage_offset()
+    if t.is_contiguous():
+        return t.untyped_storage().nbytes() >= (size + offset * t.element_size() if offset else size)
+    extent = 1 + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))
+    return t.untyped_storage().nbytes() >= max(size, extent * t.element_size()) + offset * t.element_size()
