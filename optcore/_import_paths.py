@@ -11,9 +11,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 from ._errors import ConfigError
@@ -22,6 +19,7 @@ from ._names import close_matches, normalize
 from ._packages import KNOWN_PACKAGES, importable_classes, is_installed, what_it_is
 from ._plugins import entry_points
 from ._spec import OptimizerSpec
+from .guards import judging_only, locate
 
 _OFF = {"0", "false", "no", "off"}
 KIND_CLASSES = {
@@ -36,49 +34,6 @@ def import_paths_allowed(flag: bool | None = None) -> bool:
     if flag is not None:
         return bool(flag)
     return os.environ.get("OPTCORE_ALLOW_IMPORT_PATHS", "").strip().lower() not in _OFF
-
-
-_judging_only: ContextVar[bool] = ContextVar("optcore_judging_only", default=False)
-
-
-@contextmanager
-def without_imports() -> Iterator[None]:
-    """Resolution inside runs no module's code: an import path to a module not
-    imported yet is located on disk and refused by name (``optcore check`` and
-    ``show`` judge a config; they must not run what they judge)."""
-    token = _judging_only.set(True)
-    try:
-        yield
-    finally:
-        _judging_only.reset(token)
-
-
-def locate(module: str) -> str | None:
-    """Where ``module`` would be imported from, or ``None``: each parent's
-    search path from its spec, so no package's ``__init__`` runs (which
-    ``importlib.util.find_spec`` would do for a dotted name)."""
-    path, spec = None, None
-    parts = module.split(".")
-    for i in range(len(parts)):
-        name = ".".join(parts[: i + 1])
-        loaded = sys.modules.get(name)
-        if loaded is not None:
-            spec, path = getattr(loaded, "__spec__", None), getattr(loaded, "__path__", None)
-        else:
-            spec = next((s for finder in sys.meta_path if (s := _find_spec(finder, name, path)) is not None), None)
-            if spec is None:
-                return None
-            path = spec.submodule_search_locations
-        if path is None and i < len(parts) - 1:
-            return None  # a module, not a package: it has no submodules
-    return str(getattr(spec, "origin", None) or "a namespace package")
-
-
-def _find_spec(finder: Any, name: str, path: Any) -> Any:
-    try:
-        return finder.find_spec(name, list(path) if path is not None else None)
-    except Exception:  # a finder that fails on a name it does not know
-        return None
 
 
 class ImportPaths:
@@ -120,7 +75,7 @@ class ImportPaths:
                 close_matches(attr, self._all_names(self._index())),
                 hint=f"Module {top!r} is not installed; pip install the package that provides it.",
             )
-        if _judging_only.get() and module not in sys.modules and top not in self._trusted_tops():
+        if judging_only() and module not in sys.modules and top not in self._trusted_tops():
             raise self._not_judged(module, attr, text)
         mod = self._import_module(module, text)
         try:

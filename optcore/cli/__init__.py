@@ -63,14 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run length the code passes (optcore.build(..., num_training_steps=N)); it wins over the file's. "
         "Without it, a schedule whose length no file gives is checked without one, with a note",
     )
-
-
     _add_import_switch(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("schema", help="JSON Schema of config files (for editor completion and CI checks)")
     p.add_argument("name", nargs="?", help="one optimizer's config (with type, param_groups and plugin keys)")
     p.add_argument("--all", action="store_true", help="the schema of every optcore config file (optimizer, run, compare)")
+    _add_import_switch(p)
     p.set_defaults(func=cmd_schema)
 
     _add_applications(sub)
@@ -115,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.showwarning = _show_warning
         try:
             if args.command in ("check", "show", "schema") and not getattr(args, "import_modules", False):
-                from .._import_paths import without_imports  # a judging command runs no config's module
+                from ..guards import without_imports  # a judging command runs no config's module
 
                 with without_imports():
                     return int(args.func(args) or 0)

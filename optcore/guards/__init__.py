@@ -2,10 +2,12 @@
 kernel is handed, config patterns and config nesting.
 
 Each answers "can this be used?" from metadata alone (shapes, dtypes, sizes,
-depths), cheaply enough to run on every load, step or config, and names what
-is wrong; nothing here changes what it is given.
+depths, where a module would be imported from), cheaply enough to run on
+every load, step or config, and names what is wrong; nothing here changes
+what it is given or runs code it judges.
 """
 
+from ._imports import judging_only, locate, without_imports
 from ._kernel_inputs import check_fused_inputs
 from ._nesting import MAX_DEPTH, MAX_NODES, check_nesting
 from ._patterns import PatternError, compile_pattern
@@ -20,4 +22,7 @@ __all__ = [
     "check_nesting",
     "check_state_dict",
     "compile_pattern",
+    "judging_only",
+    "locate",
+    "without_imports",
 ]

@@ -162,6 +162,8 @@ class AdaScaleSGD(Optimizer):
     supports_groups: ClassVar[bool] = False
     #: the gain is one statistic over every gradient of every parameter
     sharding: ClassVar[str] = "global"
+    #: read by optcore when a state_dict loads: momentum_buffer has the parameter's shape
+    state_shapes: ClassVar[str] = "elementwise"
     #: GradScaler hands over grad_scale / found_inf instead of unscaling .grad, which
     #: keeps the hook-recorded and the final gradients on the same scale.
     _step_supports_amp_scaling = True

@@ -180,6 +180,8 @@ class Lion(Optimizer):
     supports_flat_params: ClassVar[bool] = True
     supports_groups: ClassVar[bool] = True
     sharding: ClassVar[str] = "elementwise"  # each element's update is its own: steps a shard alone
+    #: read by optcore when a state_dict loads: exp_avg has the parameter's shape
+    state_shapes: ClassVar[str] = "elementwise"
     _step_supports_amp_scaling = True  # read by torch.amp.GradScaler: we unscale and skip ourselves
     #: for optcore.testing: a usable lr, and every parameter dtype Lion steps (fp16/bf16 with fp32 momentum)
     conformance_inputs: ClassVar[dict[str, Any]] = {
