@@ -269,6 +269,7 @@ MISUSES: dict[str, tuple[dict[str, Any], Callable[[Any, Any], None]]] = {
     "AdamW-exp_avg_sq-flat": (CONFIGS["AdamW"], _replace_state("exp_avg_sq", (64,))),
     "AdamW-exp_avg-double": (CONFIGS["AdamW"], _replace_state("exp_avg", (64, 64), torch.float64)),
     "AdamW-step-empty": (CONFIGS["AdamW"], _replace_state("step", (0,))),
+    "AdamW-exp_avg-double-same-bytes": (CONFIGS["AdamW"], _replace_state("exp_avg", (32, 64), torch.float64)),
     "SGD-data-smaller": (CONFIGS["SGD"], _smaller_data),
     "SGD-storage-freed": (CONFIGS["SGD"], _freed_storage),
     "SGD-momentum-smaller": (CONFIGS["SGD"], _replace_state("momentum_buffer", (4, 4))),

@@ -25,7 +25,10 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping[Any, Any]) -> None:
     """A :class:`ConfigError` naming the first tensor of a ``fused`` group that
     the kernel would read or write out of bounds, before anything is written.
-    A few attribute reads per tensor: this runs before every fused step."""
+    A few attribute reads per tensor (its size in bytes, dtype, device and
+    storage; the kernel walks the parameter's element count through each, so
+    these decide whether it stays inside them): this runs before every fused
+    step, and a message is made only for a tensor that fails."""
     for g, group in enumerate(param_groups):
         if not group.get("fused"):
             continue
@@ -33,8 +36,10 @@ def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping
             grad = p.grad
             if grad is None or type(p) not in _PLAIN:
                 continue
+            size, dtype, device = p.nbytes, p.dtype, p.get_device()
             problem = None if _fits(p) else _storage_problem(p, "the parameter")
-            problem = problem or _problem(grad, p, "its gradient")
+            if problem is None and (grad.nbytes != size or grad.dtype is not dtype or grad.get_device() != device or not _fits(grad)):
+                problem = _problem(grad, p, "its gradient")
             entry = state.get(p) if problem is None else None
             for key, value in entry.items() if entry else ():
                 if not isinstance(value, Tensor):
@@ -42,7 +47,7 @@ def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping
                 if key == "step":
                     if value.numel() != 1 or not _fits(value):
                         problem = f"its step count is a tensor of shape {tuple(value.shape)}, not one number"
-                else:
+                elif value.nbytes != size or value.dtype is not dtype or value.get_device() != device or not _fits(value):
                     problem = _problem(value, p, f"its state {key!r}")
                 if problem:
                     break
@@ -56,12 +61,13 @@ def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping
                 )
 
 
-def _problem(t: Tensor, p: Tensor, what: str) -> str | None:
+def _problem(t: Tensor, p: Tensor, what: str) -> str:
+    """What is wrong with ``t``, a tensor the fast test refused."""
     if t.shape != p.shape:
         return f"{what} has shape {tuple(t.shape)}, the parameter {tuple(p.shape)}"
     if t.dtype is not p.dtype or t.get_device() != p.get_device():
         return f"{what} is {t.dtype} on {t.device}, the parameter {p.dtype} on {p.device}"
-    return None if _fits(t) else _storage_problem(t, what)
+    return _storage_problem(t, what)
 
 
 def _storage_problem(t: Tensor, what: str) -> str:
