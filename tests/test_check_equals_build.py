@@ -118,7 +118,10 @@ def test_check_passes_exactly_what_builds(config):
     {"type": "lion_pytorch:Lion", "lr": -1, "betas": [0.9, 1.5]},  # a derived schema, the constructor's assert
     {"type": "AdamW", "precision": "bf16", "loss_scaler": {}},  # bf16 takes no loss scaler
     {"type": "pytorch_optimizer:Lamb", "betas": [0.9, 1.5]},
-], ids=["lion-pytorch-assert", "bf16-loss-scaler", "lamb-betas"])
+    # a fill its dtype cannot hold: the CPU refuses it, a meta tensor (no data) would not
+    {"type": "Adagrad", "precision": "fp16", "initial_accumulator_value": 1e30},
+    {"type": "Adagrad", "initial_accumulator_value": 1e39},
+], ids=["lion-pytorch-assert", "bf16-loss-scaler", "lamb-betas", "fp16-overflowing-fill", "fp32-overflowing-fill"])
 def test_check_refuses_what_only_a_constructor_refuses(config):
     if ":" in config["type"]:
         pytest.importorskip(config["type"].split(":")[0])
@@ -139,9 +142,10 @@ def test_check_passes_configs_that_build(config):
     assert check_config(config) == []
 
 
-def test_check_writes_nothing_calls_no_hook_and_allocates_on_meta(tmp_path, monkeypatch, fake_plugins):
+def test_check_writes_nothing_calls_no_hook_and_allocates_only_tiny_cpu_stand_ins(tmp_path, monkeypatch, fake_plugins):
     """The trial construction is no build: the built hook is not called, no file is
-    written (cache and working directory), and the stand-ins live on the meta device."""
+    written (cache and working directory), and the stand-ins are four-element CPU
+    tensors (the CPU build's verdict, at no cost)."""
     from optcore import _build
 
     fake_plugins("optcore-built-spy", "optcore_built_spy", """
@@ -164,7 +168,7 @@ def optcore_optimizer_built(optimizer, config):
     real_call = _build._call
 
     def spy(spec, groups, kwargs):
-        devices.extend(p.device.type for g in groups for p in g["params"])
+        devices.extend((p.device.type, p.numel()) for g in groups for p in g["params"])
         return real_call(spec, groups, kwargs)
 
     monkeypatch.setattr(_build, "_call", spy)
@@ -173,7 +177,7 @@ def optcore_optimizer_built(optimizer, config):
                    {"type": "lion_pytorch:Lion"}):
         assert check_config(config) == []
     assert optcore_built_spy.seen == []
-    assert devices and set(devices) == {"meta"}
+    assert devices and set(devices) == {("cpu", 4)}
     assert os.listdir(sandbox) == ["work"] and os.listdir(work) == []
     optcore.build_optimizer({"type": "SGD", "lr": 0.1}, model())
     assert optcore_built_spy.seen == ["SGD"]  # the spy hears a build

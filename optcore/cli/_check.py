@@ -2,7 +2,7 @@
 
 Every optimizer config in the file goes through :func:`optcore.plan` (the
 road every build takes) and then its classes' own constructors over stand-in
-parameters on the meta device (:mod:`._trial`), every scheduler config through
+parameters on the CPU (:mod:`._trial`), every scheduler config through
 :func:`optcore.schedulers.validate_scheduler_config`.
 """
 

@@ -4,19 +4,20 @@ parameters, so that their own validation runs too.
 A schema says what a field may hold; a constructor may still refuse a value
 (lion-pytorch's ``assert lr > 0``), a combination (a precision wrapper refusing
 an inner optimizer that has state already, bf16 with a loss scaler), or a
-per-group value. Constructing is the only way to hear those, and it costs
-nothing on the meta device: the stand-ins are 2-D tensors with shapes and no
-data, one per group the build can make (the default group, the no-decay group,
-one per ``param_groups`` entry), in the dtype a precision wrapper asks for.
+per-group value. Constructing is the only way to hear those. The stand-ins are
+2-D CPU tensors of four elements (some classes step matrices only: Muon), one
+per group the build can make (the default group, the no-decay group, one per
+``param_groups`` entry), in the dtype a precision wrapper asks for.
 
-A class whose constructor needs real data (``.item()``, a device kernel that
-has no meta implementation, torch's ``fused=True``) fails on meta for reasons
-of the stand-ins' own; it is tried again over the same stand-ins on the CPU
-(a few bytes each), and that verdict is the one a CPU build gives. The trial
-writes nothing and calls no ``optcore_optimizer_built`` hook; warnings the
-constructors give are the build's to show, not the check's. A constructor that
-loads a plugin's C kernel (optcore-adafactor's ``implementation: c``) builds it
-into the kernel cache as the build would.
+They are real CPU tensors, not meta ones, because the verdict is the one a CPU
+build gives: a meta tensor has no data, so a constructor's fill of a value its
+dtype cannot hold passes there and fails on the CPU (torch's Adagrad's
+``initial_accumulator_value=1e30`` in fp16, or 1e39 in fp32), ``.item()`` has
+nothing to read, and the plan picks torch's fused kernel for CPU parameters
+only. The trial writes nothing and calls no ``optcore_optimizer_built`` hook;
+warnings the constructors give are the build's to show, not the check's. A
+constructor that loads a plugin's C kernel (optcore-adafactor's
+``implementation: c``) builds it into the kernel cache as the build would.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from typing import Any
 import torch
 
 from .._build import construct
-from .._errors import OptcoreError
 from .._group_rules import compile_rules
 from .._plan import BuildPlan, with_groups
 
@@ -39,25 +39,9 @@ SHAPE = (2, 2)
 def trial_construct(plan_: BuildPlan) -> None:
     """Construct ``plan_`` (made without parameters) over stand-in parameters and
     discard it; raises the :class:`~optcore.OptcoreError` the build would."""
-    dtype = plan_.param_dtype or torch.float32
-    try:
-        _construct_on(plan_, "meta", dtype)
-    except OptcoreError as exc:
-        if not _meta_only(exc):
-            raise
-        _construct_on(plan_, "cpu", dtype)
-
-
-def _meta_only(exc: OptcoreError) -> bool:
-    """Whether the constructor failed with an exception of its own (not optcore's
-    validation), which meta tensors may have caused."""
-    return exc.__cause__ is not None and not isinstance(exc.__cause__, OptcoreError)
-
-
-def _construct_on(plan_: BuildPlan, device: str, dtype: torch.dtype) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        construct(_with_stand_ins(plan_, device, dtype), announce=False)
+        construct(_with_stand_ins(plan_, "cpu", plan_.param_dtype or torch.float32), announce=False)
 
 
 def _with_stand_ins(plan_: BuildPlan, device: str, dtype: torch.dtype) -> BuildPlan:
