@@ -105,12 +105,36 @@ def test_a_list_value_for_a_tuple_field_builds(name):
     assert [tuple(b) for b in betas] == [(0.9, 0.95)]
 
 
-def test_a_dict_value_is_a_config_error_naming_the_field():
+def test_a_dict_under_optimizer_builds_a_composite():
+    """A per-group ``optimizer`` is a composite's part (docs/composite.md): its
+    group is stepped by that optimizer, the rest by the config's own."""
     config = {"type": "AdamW", "param_groups": [{"params": "^0\\.weight$", "optimizer": {"type": "SGD", "lr": 0.1}}]}
+    assert optcore.plan(config).parts
+    assert check_config(config) == []
+    opt = optcore.build_optimizer(config, model())
+    assert isinstance(opt, optcore.composite.CompositeOptimizer)
+    by_optimizer = {g["optimizer"].rsplit("-", 1)[0]: g for g in opt.param_groups if g["params"]}
+    weight = model()[0].weight
+    assert [p.shape for p in by_optimizer["SGD"]["params"]] == [weight.shape] and by_optimizer["SGD"]["lr"] == 0.1
+
+
+def test_a_dict_under_optimizer_that_cannot_be_built_is_the_composites_config_error():
+    config = {"type": "AdamW", "param_groups": [{"params": "^0\\.weight$", "optimizer": {"lr": 0.1}}]}
     for fn in (lambda: optcore.plan(config), lambda: optcore.build_optimizer(config, model())):
-        with pytest.raises(optcore.ConfigError) as info:
+        with pytest.raises(optcore.ConfigError, match="no 'type' key") as info:
             fn()
-        assert any(field.endswith("optimizer") for field, _ in info.value.problems)
+        assert info.value.problems == [("type", "missing")]
+
+
+@pytest.mark.parametrize("field", ["lr", "betas", "weight_decay", "eps"])
+@pytest.mark.parametrize("value", [{"type": "SGD", "lr": 0.1}, {}, {"0": 0.9}])
+def test_a_dict_value_of_any_other_field_is_a_config_error_naming_the_field(field, value):
+    config = {"type": "AdamW", "param_groups": [{"params": "^0\\.weight$", field: value}]}
+    for fn in (lambda: optcore.plan(config), lambda: optcore.build_optimizer(config, model())):
+        with pytest.raises(optcore.ConfigError, match=r"param_groups\[0\]") as info:
+            fn()
+        assert [f for f, _ in info.value.problems] == [field]
+    assert check_config(config)
 
 
 @pytest.mark.parametrize("bad", [["a"], 3, {"x": 1}, None, math.nan])
