@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import optcore
@@ -70,16 +71,55 @@ def verdict(fn) -> str | None:
     return None
 
 
+def names_decide(groups) -> bool:
+    """Whether a verdict depends on MODEL's parameter names: a group whose regex is
+    not one of REGEXES (an entry's own ``params`` overrides the drawn one) may match
+    none of them (an error unless ``optional``) or another group's parameters (an
+    error). Only ``plan`` with the model and the build see the names; ``plan``
+    without it and ``check`` pass such a config (docs/architecture.md)."""
+    return isinstance(groups, list) and any(
+        isinstance(g, Mapping) and isinstance(g.get("params"), str) and g["params"] not in REGEXES for g in groups
+    )
+
+
 @pytest.mark.parametrize("name", OPTIMIZERS)
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(groups=param_groups)
+@example(groups=[{"params": "^nomatch$", "lr": 0.1}])  # matches no parameter of MODEL
+@example(groups=[{"params": "^nomatch$", "optional": True}])
+@example(groups=[{"params": "", "lr": 0.1}, {"params": "bias$"}])  # "" matches 0.bias too
 def test_param_group_values_of_every_shape(name, groups):
     config = {"type": name, "lr": 1e-3, "weight_decay": 0.01, "param_groups": groups}
     built = verdict(lambda: optcore.build_optimizer(config, model()))
+    planned_over_model = verdict(lambda: optcore.plan(config, model()))
     planned = verdict(lambda: optcore.plan(config))
     checked = check_config(config)
+    assert (planned_over_model is None) == (built is None), (config, planned_over_model, built)
+    if names_decide(groups):  # without the names, neither refuses more than the build
+        assert planned is None or built is not None, (config, planned, built)
+        assert not checked or built is not None, (config, checked, built)
+        return
     assert (planned is None) == (built is None), (config, planned, built)
     assert (not checked) == (built is None), (config, checked, built)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_regex_that_matches_no_parameter_is_refused_where_the_names_are_known(name):
+    """The documented rule (optcore._group_rules, docs/architecture.md): a group
+    whose regex matches no parameter is a ConfigError when the parameters are at
+    hand, unless ``"optional": true``; ``plan`` without them and ``check`` cannot
+    see the names and pass it."""
+    config = {"type": name, "param_groups": [{"params": "^nomatch$", "weight_decay": 0.0}]}
+    for fn in (lambda: optcore.plan(config, model()), lambda: optcore.build_optimizer(config, model())):
+        with pytest.raises(optcore.ConfigError, match="matches no trainable parameter") as info:
+            fn()
+        assert info.value.problems == [("param_groups[0].params", "matches no parameter")]
+    assert verdict(lambda: optcore.plan(config)) is None
+    assert check_config(config) == []
+    optional = {**config, "param_groups": [{"params": "^nomatch$", "weight_decay": 0.0, "optional": True}]}
+    assert check_config(optional) == []
+    opt = optcore.build_optimizer(optional, model())
+    assert sum(len(g["params"]) for g in opt.param_groups) == 2
 
 
 @pytest.mark.parametrize("value", [1, 1.5, "^0\\.", True, {}, {"params": "^0\\."}, [1], [[{"params": "bias$"}]]])
