@@ -48,7 +48,8 @@ class _Spec:
 
 
 @pytest.mark.parametrize("exc", [AssertionError(), LookupError("no"), ZeroDivisionError("x"), OverflowError("big"),
-                                 RuntimeError("r"), AttributeError("a"), type("LibError", (Exception,), {})("lib")])
+                                 RuntimeError("r"), AttributeError("a"), type("LibError", (Exception,), {})("lib"),
+                                 SystemExit(1)])
 def test_every_exception_becomes_a_config_error_with_its_cause(exc):
     with pytest.raises(ConfigError) as info:
         with rejected_config(_Spec(), config={"type": "Thing", "lr": 0.5}):
@@ -58,8 +59,10 @@ def test_every_exception_becomes_a_config_error_with_its_cause(exc):
     assert type(exc).__name__ in str(info.value)
 
 
-@pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(1), MemoryError()])
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), MemoryError()])
 def test_interrupts_and_memory_errors_propagate(exc):
+    """A constructor's SystemExit is a ConfigError (a library must not end the user's
+    process from a config: optcore.guards); an interrupt and running out of memory are not."""
     with pytest.raises(type(exc)):
         with rejected_config(_Spec()):
             raise exc

@@ -3,8 +3,9 @@
 The table reads metadata only: torch's names, optcore's table of third-party
 packages and the plugins' entry points. No plugin is imported unless capability
 flags are asked for (``--all`` or ``--flags``), since the flags are facts about
-the class. The line under it counts the names that installed packages' own
-registries add (importing those packages), so that none is hidden unsaid.
+the class. The line under it names the installed packages whose own registries add
+names (from metadata: counting them would import those packages), so that
+none is hidden unsaid.
 """
 
 from __future__ import annotations
@@ -79,15 +80,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _unlisted(listed: list[Any]) -> list[str]:
-    """The names only installed packages' own registries have: counted (which imports
-    those packages), named by a few, and how to list them."""
-    from .._registry import list_optimizers
+    """The installed packages whose own registries resolve more names than the table shows.
 
-    shown = {spec.qualified for spec in listed}
-    more = [spec for spec in list_optimizers(ask_packages=True) if spec.qualified not in shown]
-    if not more:
+    Read from package metadata: counting those names would import the packages
+    (seconds, and their side effects), which only ``--all`` does."""
+    from .._packages import KNOWN_PACKAGES, is_installed
+
+    asked = sorted({p.distribution for p in KNOWN_PACKAGES if p.ask_names is not None and is_installed(p.top_level)})
+    if not asked:
         return []
-    providers = ", ".join(sorted({spec.provider for spec in more}))
-    examples = ", ".join(sorted(s.name for s in more)[:3])
-    return [f"Not listed: {len(more)} more names that the registries of {providers} resolve (e.g. {examples}); "
-            "`optcore list --all` lists them."]  # fmt: skip
+    return [f"Not listed: the further names that the registries of {', '.join(asked)} resolve (`type` takes them; "
+            "counting them imports those packages); `optcore list --all` lists them."]  # fmt: skip
