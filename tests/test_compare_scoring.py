@@ -3,6 +3,8 @@ against hand-computed cases, AlgoPerf's own procedure (re-derived here with nump
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 
 import numpy as np
@@ -11,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import optcore
-from optcore.compare import scoring
+from optcore.cli import main
+from optcore.compare import scoreboard, scoring
 
 INF = math.inf
 
@@ -189,3 +192,64 @@ def test_summarise_counts_the_fastest_of_several_runs_of_one_problem_and_needs_t
     s = scoring.summarise(runs, target=1.0)
     assert s["optimizers"]["A"]["reach"][0]["steps"] == 10
     assert s["optimizers"]["A"]["score_steps"] == 1.0 and s["optimizers"]["A"]["score_seconds"] is None
+
+
+# ------------------------------------------------------------------ the compare command
+def _compare(out, *extra: str, names: str = "AdamW,torch:SGD", steps: int = 6) -> int:
+    return main(["compare", "--optimizers", names, "--steps", str(steps), "--in-process", "--quiet",
+                 "--out", str(out), *extra])  # fmt: skip
+
+
+def test_compare_scores_time_to_target_and_draws_the_profile_over_seeds(tmp_path, capsys):
+
+    out = tmp_path / "out"
+    assert _compare(out, "--seeds", "0,1", "--target", "4.0") == 0
+    printed = capsys.readouterr().out
+    assert "time to target" in printed and "score (steps)" in printed and "profile.png" in printed
+    doc = json.loads((out / "results.json").read_text())
+    scores = doc["scores"]
+    assert scores["targets"] == {"char-lm": {"loss": 4.0, "source": "given", "set_by": None}}
+    assert scores["problems"] == [{"task": "char-lm", "seed": 0}, {"task": "char-lm", "seed": 1}]
+    for row in doc["rows"]:
+        reach = scores["optimizers"][row["name"]]["reach"]
+        for r, i in zip(reach, row["runs"]):
+            run = doc["results"][i]
+            assert len(run["eval_seconds"]) == len(run["val_losses"]) and run["eval_seconds"][0] == 0.0
+            first = next((s for s, v in run["val_losses"] if v is not None and v <= 4.0), None)
+            assert r["steps"] == first  # the first evaluation at or below the target, from the stored curve
+    assert (out / "profile.png").read_bytes()[:4] == b"\x89PNG"
+    # the scores come from the stored document alone: rebuilt, they are the live ones
+    rebuilt = scoring.summarise(scoreboard.runs_by_optimizer(doc), {"char-lm": 4.0})
+    assert rebuilt == scores
+
+
+def test_compare_without_a_target_sets_it_from_the_runs(tmp_path):
+    out = tmp_path / "out"
+    assert _compare(out) == 0
+    doc = json.loads((out / "results.json").read_text())
+    target = doc["scores"]["targets"]["char-lm"]
+    best = {r["name"]: r["best"] for r in doc["results"]}
+    assert target["source"] == "reference" and target["loss"] == min(best.values()) and best[target["set_by"]] == target["loss"]
+    assert not (out / "profile.png").exists()  # one problem: no profile to draw
+
+
+def test_a_bad_target_fails_before_anything_runs(tmp_path, capsys):
+    assert _compare(tmp_path / "out", "--target", "vision=2") == 1
+    assert "not compared here" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_compare_on_several_tasks_scores_them_together(tmp_path, capsys):
+    out = tmp_path / "out"
+    task = "examples/my_task.py:task"
+    assert _compare(out, "--task", f"char-lm,{task}", "--target", f"char-lm=4.0,{task}=10", steps=4) == 0
+    printed = capsys.readouterr().out
+    assert "2 tasks (char-lm, examples/my_task.py:task)" in printed
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] and sorted(doc["tasks"]) == ["char-lm", task]
+    for spec, entry in doc["tasks"].items():
+        one = json.loads((out / entry["folder"] / "results.json").read_text())
+        assert one["task"]["spec"] == spec and one["scores"]["targets"][spec]["source"] == "given"
+    assert [(p["task"], p["seed"]) for p in doc["scores"]["problems"]] == [("char-lm", 0), (task, 0)]
+    assert (out / "profile.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(optcore.ConfigError, match="each task once"):
+        scoreboard.compare_tasks(argparse.Namespace(task="a,a", target=None), lambda a: 0, tmp_path)

@@ -9,6 +9,8 @@ One module per role:
 - :mod:`.runner`: a run in a fresh process (spawn isolation)
 - :mod:`.sweep`: seeds x learning rates, the time budget, and the per-config summary
 - :mod:`.report`: the rich table, the PNG plots and ``results.json``
+- :mod:`.scoring`: time to target, targets, performance profiles and the score (pure functions)
+- :mod:`.scoreboard`: ``--target`` and ``--task a,b,c``: the scores of a comparison, their table and plot
 - :mod:`.memory`: the ``optcore memory`` prediction (optimizer built on the meta device)
 - :mod:`.commands`: the argparse subcommands
 

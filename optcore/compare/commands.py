@@ -78,8 +78,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .report import plot_curves, plot_sweep, print_notes, render_table, write_results
     from .runner import default_jobs, run_all, run_one
     from .sweep import Budget, parse_duration, parse_lrs, parse_seeds, plan, ranking_line, summarise
+    from .scoreboard import compare_tasks, parse_target, report_scores
     from .tasks import load_task
 
+    if "," in args.task:  # several tasks: this command once per task, then the scores over all
+        return compare_tasks(args, cmd_compare, _out_dir(args))
+    target = parse_target(args.target, args.task)  # a bad --target fails before anything runs
     entries, options = _entries(args)
     settings = _settings(args, options)
     seeds = parse_seeds(args.seeds) if args.seeds else [settings.seed]
@@ -187,6 +191,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         line = ranking_line(rows)
         if line:
             console.print(f"Ranking by held-out final loss: {line}", highlight=False)
+        written += report_scores(doc, out, console, target)[1:]
     if doc["cut"]:
         console.print(f"[yellow]Budget[/yellow]: {doc['cut']}", highlight=False)
     if doc["interrupted"]:
@@ -277,6 +282,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--lr-sweep", type=int, nargs="?", const=3, metavar="N",
                    help="run each config at N lrs (default 3) on a 3x grid around its own lr; compare at the best")
     p.add_argument("--lrs", help="run each config at these lrs, e.g. 1e-3,3e-3,1e-2; compare at the best")
+    p.add_argument("--target", help="held-out loss to reach: steps and seconds to it, profile and score, e.g. 2.1 or "
+                   "char-lm=2.1,vision=0.4 with --task char-lm,vision (several tasks: a comparison each, scored "
+                   "together); default: set from the best config's runs, as AlgoPerf does")  # fmt: skip
     p.add_argument("--budget", help="stay within this wall time (90s, 10m, 1h): later runs are cut, and reported")
     p.add_argument("--out", help=f"directory for the results (default: a new {DEFAULT_OUT}/<date-time>/)")
     p.add_argument("--jobs", type=int, help="runs at a time, each in its own process (default: one per CPU core "

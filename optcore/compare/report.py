@@ -59,7 +59,7 @@ def render_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], con
         title=f"optcore compare: {meta['summary']}",
         caption=(
             f"held-out final: held-out loss at the end{' (mean ± sd over seeds ' + ','.join(map(str, seeds)) + ')' if len(seeds) > 1 else ''}; "
-            "rank: '=' marks a tie (mean ± sd overlap); lr: the chosen lr (* = best of a sweep); best: lowest "
+            "rank: '=' marks a tie (mean ± noise overlap; noise: the sd over seeds, at least 1% of the loss); lr: the chosen lr (* = best of a sweep); best: lowest "
             "held-out loss at any evaluation; steps/s: training steps only; state: optimizer state (+ fp32 master "
             f"copies for precision wrappers); peak RSS: {meta['memory_note']}"
         ),
