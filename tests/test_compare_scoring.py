@@ -253,3 +253,8 @@ def test_compare_on_several_tasks_scores_them_together(tmp_path, capsys):
     assert (out / "profile.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(optcore.ConfigError, match="each task once"):
         scoreboard.compare_tasks(argparse.Namespace(task="a,a", target=None), lambda a: 0, tmp_path)
+
+
+def test_several_tasks_check_every_task_before_running_any(tmp_path, capsys):
+    assert _compare(tmp_path / "out", "--task", "char-lm,no-such-task") == 1
+    assert "no-such-task" in capsys.readouterr().err and not (tmp_path / "out" / "char-lm").exists()

@@ -50,8 +50,10 @@ def parse_target(text: str | float | None, task: str) -> dict[str, float] | None
     return _targets(text, [task])
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
+def median_reached(entry: Mapping[str, Any], by: str) -> float | None:
+    """The median ``by`` ("steps" or "seconds") to target over the problems an
+    optimizer's :func:`.scoring.summarise` ``entry`` solved; None if it solved none."""
+    kept = [r[by] for r in entry["reach"] if r["steps"] is not None and r[by] is not None]
     return statistics.median(kept) if kept else None
 
 
@@ -83,11 +85,10 @@ def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
     for col in ("config", "reached", "steps", "seconds", "score (steps)", "score (seconds)"):
         table.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
     for name, entry in summary["optimizers"].items():
-        reached = [r for r in entry["reach"] if r["steps"] is not None]
-        steps = _median([r["steps"] for r in reached])
+        steps = median_reached(entry, "steps")
         table.add_row(
             name, f"{entry['reached']}/{n}", "miss" if steps is None else f"{steps:g}",
-            fmt(_median([r["seconds"] for r in reached]), ".2f"),
+            fmt(median_reached(entry, "seconds"), ".2f"),
             fmt(entry["score_steps"], ".3f"), fmt(entry["score_seconds"], ".3f"),
         )  # fmt: skip
     console.print(table)
@@ -161,6 +162,10 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
         raise ConfigError(f"--task {args.task!r}: name each task once, e.g. --task char-lm,vision.",
                           problems=[("task", args.task)])  # fmt: skip
     targets = _targets(args.target, tasks) or {}
+    from .tasks import load_task
+
+    for task in tasks:  # a bad spec fails before the first task runs
+        load_task(task)
     out.mkdir(parents=True, exist_ok=True)
     docs: dict[str, dict[str, Any]] = {}
     rc = 0
@@ -178,7 +183,7 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
     summary = scoring.summarise(runs, targets)
     title = f"{len(docs)} tasks ({', '.join(docs)})"
     write_results(out / "results.json", {
-        "tasks": {task: {"folder": task_folder(task), "summary": doc["summary"], "complete": doc["complete"]}
+        "title": title, "tasks": {task: {"folder": task_folder(task), "summary": doc["summary"], "complete": doc["complete"]}
                   for task, doc in docs.items()},
         "complete": rc == 0 and len(docs) == len(tasks), "scores": summary,
     })  # fmt: skip
