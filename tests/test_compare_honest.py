@@ -141,3 +141,13 @@ def test_ranks_are_separated_intervals_whatever_the_input_order(finals, rnd):
             assert interval(better)[1] < interval(worse)[0]
         elif abs(better["final"] - worse["final"]) < 1e-12:
             assert better["rank"].endswith("=")  # equal finals are always a tie
+
+
+def test_a_diverged_run_is_drawn_up_to_its_last_finite_loss():
+    results = [{"losses": [3.0 - 0.01 * i for i in range(40)] + [None], "val_losses": [[0, 3.5], [20, 2.9], [40, None]],
+                "status": "diverged"}]  # fmt: skip
+    row = {"name": "A", "runs": [0], "final": None, "final_sd": None, "status": "diverged"}
+    curves = report.row_curves(row, results)
+    xs, mean, _ = curves["train"]
+    assert len(mean) == 40 and mean[-1] == pytest.approx(3.0 - 0.39)  # the last finite loss, not cut 10 steps early
+    assert curves["val"][:2] == ([0, 20], [3.5, 2.9])

@@ -59,8 +59,9 @@ def render_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], con
         title=f"optcore compare: {meta['summary']}",
         caption=(
             f"held-out final: held-out loss at the end{' (mean ± sd over seeds ' + ','.join(map(str, seeds)) + ')' if len(seeds) > 1 else ''}; "
-            "rank: '=' marks a tie (mean ± noise overlap; noise: the sd over seeds, at least 1% of the loss); lr: the chosen lr (* = best of a sweep); best: lowest "
-            "held-out loss at any evaluation; steps/s: training steps only; state: optimizer state (+ fp32 master "
+            "rank: '=' marks a tie (mean ± noise overlap; noise: the sd over seeds, at least 1% of the loss); "
+            "lr: the chosen lr (* = best of a sweep); best: lowest held-out loss at any evaluation; steps/s: training "
+            "steps only; state: optimizer state (+ fp32 master "
             f"copies for precision wrappers); peak RSS: {meta['memory_note']}"
         ),
     )
@@ -147,13 +148,17 @@ def _mean_sd(columns: Sequence[Sequence[float | None]]) -> tuple[list[float], li
     return mean, sd
 
 
+def _finite_prefix(values: Sequence[float | None]) -> list[float | None]:
+    return list(values[: values.index(None)] if None in values else values)
+
+
 def row_curves(row: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the loss plot draws for one row: over the row's runs (its seeds at its
     chosen lr) the mean and standard deviation of the smoothed training loss per
     step and of the held-out loss per evaluation, as the table's mean ± sd is."""
     # a config with no finished lr has runs at several lrs: its first run stands for it, as in the table
     runs = [results[i] for i in (row["runs"] if row["status"] == "ok" else row["runs"][:1])]
-    trains = [smooth(r["losses"]) for r in runs]
+    trains = [smooth(_finite_prefix(r["losses"])) for r in runs]  # a diverged run's curve ends at its last loss
     length = min(len(t) for t in trains) if trains else 0
     train_mean, train_sd = _mean_sd([t[:length] for t in trains])
     evals = [dict(r["val_losses"]) for r in runs]
