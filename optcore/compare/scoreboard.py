@@ -79,7 +79,8 @@ def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
             f"target, at an evaluation; steps, seconds: median over those (training time, evaluations excluded); "
             f"score: area under the performance profile up to {summary['max_tau']:g}x the fastest, / "
             f"{summary['max_tau'] - 1:g} (1: fastest everywhere, 0: never within {summary['max_tau']:g}x; a miss "
-            "scores 0). By steps it repeats on any machine; by seconds it is this machine's, under its load."
+            "scores 0). By steps it repeats on this machine for the same torch build and seeds; by seconds it is this "
+            "machine's under its load, and does not repeat."
         ),
     )
     for col in ("config", "reached", "steps", "seconds", "score (steps)", "score (seconds)"):
