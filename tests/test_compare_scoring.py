@@ -46,6 +46,17 @@ def test_time_to_target_refuses_ragged_or_unordered_curves():
         scoring.time_to_target([10, 0], [1.0, 0.5], 1.0)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.floats(0.0, 5.0)), min_size=1, max_size=12), st.floats(0.0, 5.0))
+def test_time_to_target_is_the_first_index_at_or_below(losses, target):
+    steps = [10 * i for i in range(len(losses))]
+    seconds = [0.5 * s for s in steps]
+    hit = scoring.time_to_target(steps, losses, target, seconds)
+    first = next((i for i, v in enumerate(losses) if v is not None and v <= target), None)
+    assert hit.steps == (None if first is None else steps[first])
+    assert hit.seconds == (None if first is None else seconds[first])
+
+
 # ------------------------------------------------------------------ targets
 def test_reference_target_is_the_best_median_of_each_references_best_losses():
     # A: median(1.0, 1.2, 1.1) = 1.1; B: median(0.9, 2.0, failed=inf) = 2.0
