@@ -217,6 +217,7 @@ def test_compare_scores_time_to_target_and_draws_the_profile_over_seeds(tmp_path
     assert _compare(out, "--seeds", "0,1", "--target", "4.0") == 0
     printed = capsys.readouterr().out
     assert "time to target" in printed and "score (steps)" in printed and "profile.png" in printed
+    assert "give --target" not in printed
     doc = json.loads((out / "results.json").read_text())
     scores = doc["scores"]
     assert scores["targets"] == {"char-lm": {"loss": 4.0, "source": "given", "set_by": None}}
@@ -234,9 +235,10 @@ def test_compare_scores_time_to_target_and_draws_the_profile_over_seeds(tmp_path
     assert rebuilt == scores
 
 
-def test_compare_without_a_target_sets_it_from_the_runs(tmp_path):
+def test_compare_without_a_target_sets_it_from_the_runs(tmp_path, capsys):
     out = tmp_path / "out"
     assert _compare(out) == 0
+    assert "give --target" in capsys.readouterr().out  # and says what such a target is worth
     doc = json.loads((out / "results.json").read_text())
     target = doc["scores"]["targets"]["char-lm"]
     best = {r["name"]: r["best"] for r in doc["results"]}

@@ -93,6 +93,13 @@ def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
             fmt(entry["score_steps"], ".3f"), fmt(entry["score_seconds"], ".3f"),
         )  # fmt: skip
     console.print(table)
+    if any(t["source"] == "reference" for t in summary["targets"].values()):
+        console.print(
+            "[yellow]Note[/yellow]: a target set from the runs is the best config's own best held-out loss (the "
+            "median over its seeds), so that config reaches it near the end, and a config within the noise of it "
+            "can miss it. For a comparison of speed, give --target a loss the configs reach mid-training.",
+            highlight=False,
+        )
 
 
 def plot_profile(summary: Mapping[str, Any], path: Path, title: str) -> None:
