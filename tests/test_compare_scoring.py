@@ -271,3 +271,12 @@ def test_compare_on_several_tasks_scores_them_together(tmp_path, capsys):
 def test_several_tasks_check_every_task_before_running_any(tmp_path, capsys):
     assert _compare(tmp_path / "out", "--task", "char-lm,no-such-task") == 1
     assert "no-such-task" in capsys.readouterr().err and not (tmp_path / "out" / "char-lm").exists()
+
+
+def test_scores_read_another_section_of_a_document_and_the_default_task():
+    run = {"seed": 0, "status": "ok", "val_losses": [[0, 3.0], [10, 1.0]], "eval_seconds": [0.0, 1.0]}
+    doc = {"task": {"spec": "char-lm"}, "rows": [{"name": "A", "status": "ok", "runs": [0]}], "results": [run],
+           "tuned": {"rows": [{"name": "A", "status": "ok", "runs": [1]}], "results": [{}, {**run, "seed": 7}]}}
+    assert [r["seed"] for r in scoreboard.runs_by_optimizer(doc)["A"]] == [0]
+    assert [r["seed"] for r in scoreboard.runs_by_optimizer(doc, part=doc["tuned"])["A"]] == [7]
+    assert scoreboard.parse_target("2.0", None) == {"char-lm": 2.0}  # no --task: the default one

@@ -81,7 +81,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .scoreboard import compare_tasks, parse_target, report_scores
     from .tasks import load_task
 
-    if "," in args.task:  # several tasks: this command once per task, then the scores over all
+    if "," in (args.task or ""):  # several tasks: this command once per task, then the scores over all
         return compare_tasks(args, cmd_compare, _out_dir(args))
     target = parse_target(args.target, args.task)  # a bad --target fails before anything runs
     entries, options = _entries(args)

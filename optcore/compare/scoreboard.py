@@ -27,15 +27,20 @@ from optcore import ConfigError
 from . import scoring
 
 
-def runs_by_optimizer(doc: Mapping[str, Any], task: str | None = None) -> dict[str, list[dict[str, Any]]]:
+def runs_by_optimizer(
+    doc: Mapping[str, Any], task: str | None = None, part: Mapping[str, Any] | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """The runs that stand for each config of a compare document: its chosen lr's
     runs (one per seed), tagged with ``task``. A config with no finished lr has
-    none: it misses every target."""
+    none: it misses every target. ``part``: another ``{"rows", "results"}``
+    section of the document to read them from (e.g. the re-seeded runs of a
+    tuned comparison), else the document's own."""
     task = task if task is not None else doc["task"]["spec"]
-    results = doc["results"]
+    part = part if part is not None else doc
+    results = part["results"]
     return {
         row["name"]: [{**results[i], "task": task} for i in row["runs"]] if row["status"] == "ok" else []
-        for row in doc["rows"]
+        for row in part["rows"]
     }
 
 
@@ -45,9 +50,12 @@ def _targets(text: str | float | None, tasks: Sequence[str]) -> dict[str, float]
     return {t: float(text) for t in tasks} if isinstance(text, (int, float)) else scoring.parse_targets(text, tasks)
 
 
-def parse_target(text: str | float | None, task: str) -> dict[str, float] | None:
-    """``--target`` for a comparison on one ``task``: {task: loss}, or None (set from the runs)."""
-    return _targets(text, [task])
+def parse_target(text: str | float | None, task: str | None) -> dict[str, float] | None:
+    """``--target`` for a comparison on one ``task`` (None: the default task): {task: loss},
+    or None (set from the runs)."""
+    from .tasks import DEFAULT_TASK
+
+    return _targets(text, [task or DEFAULT_TASK])
 
 
 def median_reached(entry: Mapping[str, Any], by: str) -> float | None:
@@ -131,16 +139,21 @@ def plot_profile(summary: Mapping[str, Any], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def report_scores(doc: dict[str, Any], out: Path, console: Any, target: Mapping[str, float] | None = None) -> list[Path]:
+def report_scores(
+    doc: dict[str, Any], out: Path, console: Any, target: Mapping[str, float] | None = None,
+    part: Mapping[str, Any] | None = None,
+) -> list[Path]:  # fmt: skip
     """Score one comparison (``doc``, as written to ``results.json``) by time to target:
     add ``doc["scores"]``, rewrite ``out/results.json``, print the table, and draw
-    ``out/profile.png`` where there are several problems. Returns the files written."""
+    ``out/profile.png`` where there are several problems. ``part``: score the runs
+    of that ``{"rows", "results"}`` section instead of the document's own (see
+    :func:`runs_by_optimizer`). Returns the files written."""
     from .report import write_results
 
-    if not doc.get("rows"):
+    if not (part if part is not None else doc).get("rows"):
         return []
     spec = doc["task"]["spec"]
-    summary = scoring.summarise(runs_by_optimizer(doc, spec), target)
+    summary = scoring.summarise(runs_by_optimizer(doc, spec, part), target)
     doc["scores"] = summary
     write_results(out / "results.json", doc)
     render_scores(summary, console, doc["summary"])
