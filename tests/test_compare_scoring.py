@@ -242,7 +242,8 @@ def test_compare_without_a_target_sets_it_from_the_runs(tmp_path, capsys):
     doc = json.loads((out / "results.json").read_text())
     target = doc["scores"]["targets"]["char-lm"]
     best = {r["name"]: r["best"] for r in doc["results"]}
-    assert target["source"] == "reference" and target["loss"] == min(best.values()) and best[target["set_by"]] == target["loss"]
+    assert target["source"] == "reference" and target["loss"] == min(best.values())
+    assert best[target["set_by"]] == target["loss"]
     assert not (out / "profile.png").exists()  # one problem: no profile to draw
 
 

@@ -194,7 +194,8 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str
     for i, (row, curves) in enumerate(shown):
         color = colors[i % len(colors)]
         label = f"{row['name']}  {_final(row)}" + ("" if row["status"] == "ok" else f" ({row['status']})")
-        for ax, (xs, mean, sd), style in ((ax_train, curves["train"], {}), (ax_val, curves["val"], {"marker": "o", "ms": 3})):
+        panels = ((ax_train, curves["train"], {}), (ax_val, curves["val"], {"marker": "o", "ms": 3}))
+        for ax, (xs, mean, sd), style in panels:
             ax.plot(xs, mean, color=color, lw=1.4, label=label if ax is ax_val else None, **style)
             if curves["seeds"] > 1:
                 ax.fill_between(xs, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)],

@@ -73,12 +73,12 @@ def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
 
     from .report import fmt
 
-    targets = "; ".join(
-        f"{task or 'target'} {fmt(t['loss'], '.4g')} ("
-        + ("given" if t["source"] == "given" else f"set by {t['set_by']}'s best runs" if t["set_by"] else "no reference finished")
-        + ")"
-        for task, t in summary["targets"].items()
-    )
+    def origin(t: Mapping[str, Any]) -> str:
+        if t["source"] == "given":
+            return "given"
+        return f"set by {t['set_by']}'s best runs" if t["set_by"] else "no reference finished"
+
+    targets = "; ".join(f"{task} {fmt(t['loss'], '.4g')} ({origin(t)})" for task, t in summary["targets"].items())
     n = len(summary["problems"])
     table = Table(
         title=f"time to target: {title}",
@@ -116,7 +116,8 @@ def plot_profile(summary: Mapping[str, Any], path: Path, title: str) -> None:
     from .report import _pyplot
 
     plt = _pyplot()
-    bys = [by for by in ("steps", "seconds") if all(e[f"score_{by}"] is not None for e in summary["optimizers"].values())]
+    entries = summary["optimizers"].values()
+    bys = [by for by in ("steps", "seconds") if all(e[f"score_{by}"] is not None for e in entries)]
     fig, axes = plt.subplots(1, len(bys), figsize=(6.5 * len(bys), 4.8), dpi=110, layout="constrained", squeeze=False)
     max_tau = summary["max_tau"]
     taus = [1 + (max_tau - 1) * i / 600 for i in range(601)]
@@ -204,7 +205,8 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
     summary = scoring.summarise(runs, targets)
     title = f"{len(docs)} tasks ({', '.join(docs)})"
     write_results(out / "results.json", {
-        "title": title, "tasks": {task: {"folder": task_folder(task), "summary": doc["summary"], "complete": doc["complete"]}
+        "title": title,
+        "tasks": {task: {"folder": task_folder(task), "summary": doc["summary"], "complete": doc["complete"]}
                   for task, doc in docs.items()},
         "complete": rc == 0 and len(docs) == len(tasks), "scores": summary,
     })  # fmt: skip

@@ -103,7 +103,8 @@ def reference_target(best_losses: Mapping[str, Sequence[float | None]]) -> tuple
 def _aligned(times: Mapping[str, Sequence[float]]) -> int:
     lengths = {len(v) for v in times.values()}
     if len(lengths) > 1:
-        raise ValueError(f"every optimizer needs one time per problem, got {dict((k, len(v)) for k, v in times.items())}")
+        counts = {name: len(values) for name, values in times.items()}
+        raise ValueError(f"every optimizer needs one time per problem, got {counts}")
     for name, values in times.items():
         if any(math.isnan(t) or t < 0 for t in values):
             raise ValueError(f"times to target are >= 0 or inf (a miss), got {list(values)} for {name}")
