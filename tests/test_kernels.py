@@ -351,3 +351,17 @@ def test_plugin_kernels_compile_without_warnings(path: Path, variant: tuple[str,
     _cc()
     lib, reason = build_c_library(f"t_{path.stem}", [path], [variant])
     assert lib is not None, reason
+
+
+@pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=[p.name for p in PLUGIN_SOURCES])
+def test_plugin_kernels_are_package_data(path: Path) -> None:
+    """A plain ``pip install plugins/<dist>`` ships the kernel: its pyproject lists it as package data."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    package = path.parent.parent
+    dist = package.parent.parent
+    config = tomllib.loads((dist / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"][package.name]
+    relative = path.relative_to(package).as_posix()
+    assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns), (relative, patterns)
