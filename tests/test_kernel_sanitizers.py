@@ -51,6 +51,8 @@ def _sanitizer_runtime() -> str:
     """What to preload, or skip: the compiler's shared ASan runtime, and its
     C++ runtime (torch throws C++ exceptions, which ASan intercepts only when
     libstdc++ is loaded as it starts; the interpreter itself does not link it)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the ASan runtime is preloaded with LD_PRELOAD, which is Linux's")
     cc = kernels.compiler()
     if cc is None or shutil.which(cc) is None:
         pytest.skip("no C compiler here")
