@@ -58,7 +58,9 @@ def _sanitizer_runtime() -> str:
         pytest.skip("no C compiler here")
     found = []
     for name in ("libasan.so", "libstdc++.so.6"):
-        probe = subprocess.run([cc, f"-print-file-name={name}"], capture_output=True, text=True, timeout=30, check=False)
+        probe = subprocess.run(
+            [cc, f"-print-file-name={name}"], capture_output=True, text=True, timeout=30, check=False
+        )
         path = probe.stdout.strip()
         if probe.returncode != 0 or not os.path.isabs(path) or not os.path.exists(path):
             pytest.skip(f"{cc} names no shared {name} to preload (-print-file-name={name} gave {path!r})")
@@ -114,7 +116,8 @@ def test_kernel_tests_pass_under_address_and_undefined_behaviour_sanitizers(tmp_
     )
     tests = [t for t in KERNEL_TESTS if (ROOT / t).exists()]
     assert tests, "no kernel tests found"
-    status, output = _run(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "not compiled", *tests], env, timeout=900)
+    pytest_args = ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "not compiled", *tests]
+    status, output = _run(pytest_args, env, timeout=900)
     assert status == 0, output
     assert "AddressSanitizer" not in output and "runtime error:" not in output, output
     assert " passed" in output, output

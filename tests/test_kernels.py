@@ -215,7 +215,12 @@ def test_cache_directory_owned_by_another_user_is_not_used(
     ],
 )
 def test_corrupted_library_is_rebuilt(
-    source: list[Path], damage, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    source: list[Path],
+    damage,
+    cache: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     name = f"t_corrupt_{request.node.callspec.id.replace('-', '_')}"
     filename, good = _library_name(source, name, tmp_path, monkeypatch)
@@ -227,7 +232,9 @@ def test_corrupted_library_is_rebuilt(
     assert (cache / filename).read_bytes() == good  # replaced in the cache, not just worked around
 
 
-def test_truncation_check_accepts_intact_libraries(source: list[Path], cache: Path, tmp_path: Path, monkeypatch) -> None:
+def test_truncation_check_accepts_intact_libraries(
+    source: list[Path], cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, good = _library_name(source, "t_intact", tmp_path, monkeypatch)
     (tmp_path / "intact.so").write_bytes(good)
     (tmp_path / "short.so").write_bytes(good[:-1])  # one byte short
