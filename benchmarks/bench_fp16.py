@@ -6,18 +6,16 @@ memory the precision wrappers hold.
     python benchmarks/bench_fp16.py --sizes 10M,100M --rounds 7 --json docs/results/bench_fp16.json
                                                     # the README's tables (docs/figures.py renders them)
 
-All three step the same transformer-shaped fp16 parameters (each its own copy)
+Both step the same transformer-shaped fp16 parameters (each its own copy)
 with the same fp16 gradients, interleaved in rounds in one process.
 
 * baseline: by hand, the fp16 grads copied into one flat fp32 buffer, torch's
   fused AdamW on the flat fp32 master, the master copied back to the fp16 params
   (no loss scale, no overflow check);
 * FP16Optimizer(AdamW fused): the same plus what the wrapper adds — dividing
-  out the loss scale and the inf/NaN check that makes a skipped step safe. On
-  CPU its C kernel does both inside the fp16 -> fp32 gradient copy (one pass);
-* the same with that kernel switched off: torch ops only (a read-only sum check
-  of the flat fp32 gradients, the scale handed to the fused AdamW kernel, which
-  writes the unscaled gradient back).
+  out the loss scale and the inf/NaN check that makes a skipped step safe (a
+  read-only sum check of the flat fp32 gradients, the scale handed to the fused
+  AdamW kernel, which writes the unscaled gradient back).
 
 The lower bound is the memory traffic of the baseline, 40 bytes per parameter
 (grad copy: read 2, write 4; AdamW: read p, g, m, v, write p, m, v = 28; copy
@@ -54,6 +52,8 @@ import torch
 from common import StreamProbe, transformer_shaped, write_results  # benchmarks/common.py
 
 BYTES_PER_PARAM = 40
+
+CLOCK: Callable[[], float] = time.perf_counter
 
 
 class HandWrittenMasterLoop:
@@ -99,22 +99,6 @@ def fp16_step(opt: torch.optim.Optimizer) -> Timed:
     return (lambda: opt.backward(torch.zeros((), requires_grad=True))), opt.step
 
 
-def without_kernel(timed: Timed) -> Timed:
-    """The same step on FP16Optimizer's torch-ops path (its C kernel switched off)."""
-    from optcore_fp16 import _cpu_kernel
-
-    prepare, step = timed
-
-    def torch_ops_step() -> None:
-        _cpu_kernel.enabled = False
-        try:
-            step()
-        finally:
-            _cpu_kernel.enabled = True
-
-    return prepare, torch_ops_step
-
-
 def paired_times(fns: dict[str, Timed], rounds: int, steps: int, probe: StreamProbe) -> dict[str, list[tuple[float, float]]]:
     """Per entry, one (seconds per step, add_ bandwidth at that moment) per round,
     the entries interleaved round by round and the probe sampled just before and
@@ -125,9 +109,9 @@ def paired_times(fns: dict[str, Timed], rounds: int, steps: int, probe: StreamPr
         for _ in range(steps):
             if prepare is not None:
                 prepare()
-            start = time.perf_counter()
+            start = CLOCK()
             step()
-            total += time.perf_counter() - start
+            total += CLOCK() - start
         return total / steps
 
     for prepare, step in fns.values():  # warm-up: state allocation, kernel selection
@@ -195,12 +179,11 @@ def memory_rows(params: list[torch.Tensor]) -> list[tuple[str, int, int]]:
 IMPLEMENTATIONS = (
     ("hand-written fp32 master loop (fused AdamW)", "baseline"),
     ("FP16Optimizer(AdamW fused)", "fp16"),
-    ("FP16Optimizer(AdamW fused), C kernel off (torch ops)", "fp16_ops"),
 )
 
 
 def bench(n_params: float, d_model: int, rounds: int, steps: int) -> tuple[list[dict], list[dict]]:
-    """Time the three, print the tables, return (speed rows, memory rows) for ``--json``."""
+    """Time both, print the tables, return (speed rows, memory rows) for ``--json``."""
     params = [(p * 0.02).half().requires_grad_() for p in transformer_shaped(n_params, d_model)]  # an fp16 model
     for p in params:
         p.grad = (torch.randn_like(p, dtype=torch.float32) * 10).half()
@@ -211,12 +194,7 @@ def bench(n_params: float, d_model: int, rounds: int, steps: int) -> tuple[list[
         p.grad = q.grad.clone()
     loop = HandWrittenMasterLoop(ref_params)
     fp16 = build_fp16(params)
-    # a third copy of the model for the torch-ops path
-    ops_params = [p.detach().clone().requires_grad_() for p in params]
-    for p, q in zip(ops_params, params):
-        p.grad = q.grad.clone()
-    fp16_ops = build_fp16(ops_params)
-    timed = {"baseline": (None, loop.step), "fp16": fp16_step(fp16), "fp16_ops": without_kernel(fp16_step(fp16_ops))}
+    timed = {"baseline": (None, loop.step), "fp16": fp16_step(fp16)}
     probe = StreamProbe()
     samples = paired_times(timed, rounds, steps, probe)
     assert fp16.skipped_steps == 0, "the benchmark's gradients overflowed"
@@ -243,7 +221,7 @@ def bench(n_params: float, d_model: int, rounds: int, steps: int) -> tuple[list[
             "x_bound_range": [min(ratios), max(ratios)], "bound_ms": bound * 1e3, "add_gbs": probe.median() / 1e9,
         })
 
-    del fp16, fp16_ops, loop, ref_params, ops_params
+    del fp16, loop, ref_params
     gc.collect()
     print("\n| wrapper | fp32 param copy + its grad (B/param) | optimizer state (B/param) |")
     print("|---|---:|---:|")
@@ -264,14 +242,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0, help="steps per round (default: 20 below 50M, 4 above)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall",
+        help="cpu: this process's CPU time (time.process_time), which other processes' load does not "
+        "inflate; for ratios on a busy shared machine (with --threads 1 it is the work done)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the rows (docs/figures.py renders the plugin README from them)")
     args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     unknown = [s for s in args.sizes.split(",") if s.strip() not in SIZES]
     if unknown:
         parser.error(f"--sizes: unknown {', '.join(unknown)}; choose from {', '.join(SIZES)}")
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", UserWarning)
-    print(f"torch {torch.__version__}")
+    print(f"torch {torch.__version__}, clock: {args.clock}")
     rows, memory, load = [], [], os.getloadavg()[0]
     for size in args.sizes.split(","):
         n_params, d_model = SIZES[size.strip()]

@@ -22,7 +22,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_tiny_run_writes_rows_the_renderer_renders(data: dict) -> None:
     assert data["command"].startswith("python benchmarks/bench_fp16.py --sizes tiny")
     assert data["rounds"] == 2 and data["threads"] == 1 and len(data["load_average"]) == 2
-    assert [row["key"] for row in data["rows"]] == ["baseline", "fp16", "fp16_ops"]
+    assert [row["key"] for row in data["rows"]] == ["baseline", "fp16"]
     for row in data["rows"]:
         assert KEYS <= row.keys()
         low, high = row["x_bound_range"]

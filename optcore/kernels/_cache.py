@@ -32,8 +32,11 @@ def cache_dir() -> Path:
 
 def untrusted(path: Path, st: os.stat_result) -> str | None:
     """Why ``path`` must not be trusted, or ``None``: owned by someone else, or
-    writable by group or others (they could plant or swap a library)."""
-    uid = os.geteuid()
+    writable by group or others (they could plant or swap a library).
+    Ownership is checked where there are user ids (not on Windows, where no
+    kernel is built)."""
+    geteuid = getattr(os, "geteuid", None)
+    uid = geteuid() if geteuid is not None else st.st_uid
     if st.st_uid != uid:
         return f"{path} is owned by uid {st.st_uid}, not by this user (uid {uid})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):

@@ -3,12 +3,14 @@ missing or broken compiler only means the torch path runs."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from optcore.kernels import KernelUnavailableWarning, _compile
 from optcore_adafactor import Adafactor, _cpu_kernel
 
 
@@ -38,11 +40,18 @@ def test_kernel_can_be_switched_off(monkeypatch: pytest.MonkeyPatch, fresh_loade
 
 
 def test_broken_compiler_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_loader: None) -> None:
+    """One warning says why; the steps then run the torch path without another."""
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("OPTCORE_CACHE_DIR", str(tmp_path))
-    assert _cpu_kernel.load() is None
+    monkeypatch.setattr(_compile, "_warned", set())
+    with pytest.warns(KernelUnavailableWarning, match="'adafactor_fp32' is unavailable.*torch path") as record:
+        assert _cpu_kernel.load() is None
+    assert len(record) == 1
     assert "false" in (_cpu_kernel.unavailable_reason or "")
-    _steps_ok()
+    _cpu_kernel.load.cache_clear()  # asked again in this process: it tries again, and does not warn again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelUnavailableWarning)
+        _steps_ok()
 
 
 def test_only_fp32_contiguous_cpu_matrices_are_eligible() -> None:

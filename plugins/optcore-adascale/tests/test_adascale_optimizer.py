@@ -258,14 +258,9 @@ def test_sharded_dtensor_params_are_refused() -> None:
 
 
 # ------------------------------------------------------------ accumulation protocol
-@pytest.mark.parametrize("kernel", [True, False], ids=["c-kernel", "torch-hooks"])
 @pytest.mark.parametrize("accum", [2, 3])
-def test_gain_before_step_matches_fairscale_for_each_accumulation(accum, kernel, monkeypatch) -> None:
+def test_gain_before_step_matches_fairscale_for_each_accumulation(accum) -> None:
     fairscale = pytest.importorskip("fairscale.optim")
-    if kernel:
-        assert adascale_module._cpu_kernel.load() is not None, adascale_module._cpu_kernel.unavailable_reason
-    else:  # no C compiler: the hooks use torch reductions and a post-accumulate hook
-        monkeypatch.setattr(adascale_module._cpu_kernel, "eligible", lambda g, h: False)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     ours_model, ref_model = _model(), _model()
     ours = AdaScaleSGD(_groups(ours_model), num_gradients_to_accumulate=accum, **KW)
@@ -355,12 +350,9 @@ def test_matches_fairscale_in_the_params_dtype(dtype) -> None:
     ours = AdaScaleSGD(_groups(ours_model), num_gradients_to_accumulate=2, **KW)
     ref = fairscale.AdaScale(torch.optim.SGD(_groups(ref_model), **KW), num_gradients_to_accumulate=2)
     recorded = []
-    real_norm, real_sums = adascale_module._squared_norm, adascale_module._cpu_kernel.add_sums
+    real_norm = adascale_module._squared_norm
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(adascale_module, "_squared_norm", lambda t: recorded.append(real_norm(t)) or recorded[-1])
-        # the C kernel sums fp64 in double and fp32 in float lanes added up in double
-        mp.setattr(adascale_module._cpu_kernel, "add_sums",
-                   lambda g, *args: recorded.append(g) or real_sums(g, *args))
         ours_gains = _train(_cast(ours_model, dtype), ours, 8, preview=True)
     # fairscale sums the per-sample norms in a torch.zeros of the default dtype: make it the params'
     default = torch.get_default_dtype()

@@ -107,10 +107,3 @@ def poison(model: nn.Module, kind: str) -> None:
     """Put an inf or a NaN into one gradient (as an fp16 overflow would)."""
     p = next(iter(model.parameters()))
     p.grad.view(-1)[0] = float("inf") if kind == "inf" else float("nan")
-
-
-def without_kernel(monkeypatch: Any) -> None:
-    """Make FP16Optimizer take its torch-ops path instead of the C kernel."""
-    from optcore_fp16 import _cpu_kernel
-
-    monkeypatch.setattr(_cpu_kernel, "enabled", False)

@@ -1,4 +1,4 @@
-"""The wrappers' step under torch.compile: traced (the C kernel is eager-only),
+"""The wrappers' step under torch.compile: traced,
 no graph break beyond what torch's own GradScaler step has (the host sync that
 decides to skip an overflowing step), and the same result as eager. Counted
 with dynamo's counters, never timed."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from fp16_helpers import AdamW, ShapedSGD, adamw, all_finite, data, loss_fn, mlp, poison, same, snapshot, without_kernel
+from fp16_helpers import AdamW, ShapedSGD, adamw, all_finite, data, loss_fn, mlp, poison, same, snapshot
 from optcore_fp16 import DynamicLossScaler, FP16Optimizer
 
 from optcore import ConfigError, build_optimizer
@@ -330,12 +330,7 @@ def test_parameters_without_grad_are_left_alone(flat: bool) -> None:
     ],
     ids=["fused-flat", "fused-per-tensor", "foreach-flat", "plain-torch"],
 )
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch-ops"])
-def test_every_overflow_check_path_skips_poisoned_steps(
-    make: Any, flat: bool, kernel: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if not kernel:
-        without_kernel(monkeypatch)
+def test_every_overflow_check_path_skips_poisoned_steps(make: Any, flat: bool) -> None:
     model = mlp(torch.float16)
     opt = FP16Optimizer(make(model), flat=flat, loss_scaler={"init_scale": 512.0, "scale_window": 4})
     x, y = data()

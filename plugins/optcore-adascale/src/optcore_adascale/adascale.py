@@ -44,7 +44,6 @@ from torch.autograd import Variable
 from optcore import ConfigError
 from optcore.plugin import GroupSelector, Optimizer, validate_hparams
 
-from . import _cpu_kernel
 from ._config import AdaScaleSGDConfig
 from ._errors import AccumulationError
 
@@ -212,8 +211,6 @@ class AdaScaleSGD(Optimizer):
         self._hook_handles: list[Any] = []
         self._pending: list[list[Tensor]] = []  # per group: |g_i|^2 recorded by the hooks since the last step
         self._totals: list[list[Tensor]] = []  # per group (one process): |.grad|^2 after the last backward
-        self._deferred: list[dict[int, Any]] = []  # per group: params whose first |g|^2 the second pass reads
-        self._pair_sums = torch.zeros(0, 2, dtype=_F64)  # per group: [local, |.grad|^2] added by the C kernel
         defaults = {k: hp[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov")}
         super().__init__(params, defaults)
         if any(_is_sharded(p) for g in self.param_groups for p in g["params"]):
@@ -254,9 +251,6 @@ class AdaScaleSGD(Optimizer):
         """Forget the backward passes since the last step (transient, never saved)."""
         for parts in self._pending + self._totals:
             parts.clear()
-        for deferred in self._deferred:
-            deferred.clear()
-        self._pair_sums.zero_()
         acc = self._acc  # its fields are reset, never the object (see _Accumulation)
         acc.backwards, acc.queued, acc.local, acc.total, acc.settled, acc.provisional = 0, False, None, None, 0, None
 
@@ -265,51 +259,29 @@ class AdaScaleSGD(Optimizer):
         """Record the squared norm of every gradient autograd produces for ``group``'s params.
 
         In one process ``step()`` also needs ``|.grad|^2`` to know the gain before
-        it touches a parameter (then it updates each in one pass). With two
-        accumulated gradients on CPU the first pass records nothing for a fresh
-        ``.grad`` and the second reads ``g`` and ``.grad`` once each in a C kernel
-        (``|g|^2``, the deferred ``|.grad|^2`` and ``|.grad + g|^2``): one
-        gradient read per backward pass. Otherwise a post-accumulate hook reads
-        ``.grad`` right after the last pass wrote it. Under DDP ``.grad`` is
-        averaged after the hooks, so ``step()`` measures it instead."""
+        it touches a parameter (then it updates each in one pass): a
+        post-accumulate hook reads ``.grad`` right after the last pass wrote it.
+        Under DDP ``.grad`` is averaged after the hooks, so ``step()`` measures
+        it instead."""
         self._pending.append([])
         self._totals.append([])
-        self._deferred.append({})
-        if hasattr(self, "_pair_sums"):
-            self._pair_sums = torch.zeros(len(self._pending), 2, dtype=_F64)
         ref = weakref.ref(self)  # the hook must not keep the optimizer alive
 
         def watch(p: Tensor) -> tuple[Callable[[Tensor], None], Callable[[Tensor], None]]:
-            key, param = id(p), weakref.ref(p)
-            paired = [False]  # this pass's |.grad + g|^2 came from the kernel
 
             def record(grad: Tensor) -> None:
                 opt = ref()
                 if opt is None:
                     return
-                g, acc = grad.detach(), opt._acc
-                pair = opt.world_size == 1 and opt.num_gradients_to_accumulate == 2
-                held = param().grad if pair else None  # type: ignore[union-attr]
-                if pair and acc.backwards == 0 and held is None and _cpu_kernel.eligible(g, g):
-                    opt._deferred[index][key] = param  # the second pass reads it as .grad
-                elif pair and acc.backwards == 1 and held is not None and _cpu_kernel.eligible(g, held):
-                    first = opt._deferred[index].pop(key, None) is not None
-                    _cpu_kernel.add_sums(g, held, first, opt._pair_sums, index)
-                    acc.settled += 1
-                    paired[0] = True
-                else:
-                    opt._pending[index].append(_squared_norm(g))
-                    if held is not None and opt._deferred[index].pop(key, None) is not None:
-                        opt._pending[index].append(_squared_norm(held))  # the deferred first gradient
+                acc = opt._acc
+                opt._pending[index].append(_squared_norm(grad.detach()))
                 if not acc.queued:  # once per backward pass: count it when the pass ends
                     acc.queued = True
                     Variable._execution_engine.queue_callback(opt._backward_done)
 
             def settle(q: Tensor) -> None:
                 opt = ref()
-                if paired[0]:
-                    paired[0] = False
-                elif opt is not None and opt._acc.backwards == opt.num_gradients_to_accumulate - 1:
+                if opt is not None and opt._acc.backwards == opt.num_gradients_to_accumulate - 1:
                     if q.grad is not None:  # the last pass: .grad is final
                         opt._totals[index].append(_squared_norm(q.grad))
 
@@ -331,21 +303,11 @@ class AdaScaleSGD(Optimizer):
         self._acc.backwards += 1
         if self._acc.backwards != self.num_gradients_to_accumulate:
             return
-        for index, deferred in enumerate(self._deferred):  # reached by the first pass only: .grad is g_1
-            for param in deferred.values():
-                p = param()
-                if p is not None and p.grad is not None:
-                    square = _squared_norm(p.grad)
-                    self._pending[index].append(square)
-                    self._totals[index].append(square)
-            deferred.clear()
         local = torch.stack([_sum64(parts, self._device) for parts in self._pending])
         if self.world_size > 1:
             dist.all_reduce(local)
         else:  # |.grad|^2 of every param the last pass reached
-            paired = self._pair_sums.to(self._device)
-            local = local + paired[:, 0]
-            self._acc.total = torch.stack([_sum64(parts, self._device) for parts in self._totals]) + paired[:, 1]
+            self._acc.total = torch.stack([_sum64(parts, self._device) for parts in self._totals])
             self._acc.settled += sum(len(parts) for parts in self._totals)
         for parts in self._pending + self._totals:
             parts.clear()
@@ -649,15 +611,15 @@ class AdaScaleSGD(Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update({k: self.__dict__[k] for k in _PICKLED if k in self.__dict__})
-        for k in ("_hook_handles", "_pending", "_totals", "_deferred", "_pair_sums", "_acc"):
+        for k in ("_hook_handles", "_pending", "_totals", "_acc"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         if "_avg" in state:  # unpickled or deep-copied: hooks do not travel with the params
-            self._hook_handles, self._pending, self._totals, self._deferred = [], [], [], []
-            self._pair_sums, self._acc = torch.zeros(0, 2, dtype=_F64), _Accumulation()
+            self._hook_handles, self._pending, self._totals = [], [], []
+            self._acc = _Accumulation()
             for index, group in enumerate(self.param_groups):
                 self._watch(index, group)
 

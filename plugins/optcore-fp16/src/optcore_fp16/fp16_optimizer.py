@@ -4,12 +4,11 @@ The model computes in fp16 (or bf16); the inner optimizer steps an fp32 copy of
 the parameters, so small updates are not lost to rounding. Per step:
 
 1. ``backward(loss)`` — gradients of ``loss * loss_scale`` (fp16 only);
-2. ``step()`` — copy the fp16 gradients into the fp32 master gradients, dividing
-   out ``loss_scale / (clip and multiply factors)`` and looking for inf/NaN in
-   the same pass (a C kernel on CPU, see :mod:`._cpu_kernel`; elsewhere torch
-   ops, with the factor handed to the inner step as ``scale``); skip the step
-   on inf/NaN; else step the inner optimizer and copy the fp32 parameters back
-   to the model.
+2. ``step()`` — copy the fp16 gradients into the fp32 master gradients (one
+   fused copy) and look for inf/NaN in the cheapest pass that applies, with
+   ``loss_scale / (clip and multiply factors)`` handed to the inner step as
+   ``scale`` (or divided out in the check's pass); skip the step on inf/NaN;
+   else step the inner optimizer and copy the fp32 parameters back to the model.
 
 The master copy is flat — one contiguous buffer per param group and device —
 when the inner optimizer ``supports_flat_params`` (pointwise updates), so the
@@ -37,7 +36,6 @@ from torch import Tensor
 from optcore import ConfigError
 from optcore.plugin import validate_hparams
 
-from . import _cpu_kernel
 from ._wrapper import ParamGroupView, PrecisionWrapper, is_contract, non_finite
 from .loss_scaler import DynamicLossScaler
 from .schemas import FP16OptimizerConfig, LossScalerConfig
@@ -240,11 +238,7 @@ class FP16Optimizer(PrecisionWrapper):
         selected = self._masters if indices is None else [self._masters[i] for i in indices]
         for m in selected:
             m.take_edits()
-        found = self._kernel_copy(selected, 1.0 / scale) if self.precision == "fp16" else None
-        if found is None:
-            found, scale = self._torch_copy(selected, scale, check)
-        else:
-            scale = 1.0  # the kernel unscaled
+        found, scale = self._torch_copy(selected, scale, check)
         if check and found:
             return False
         grads = [t.grad for m in selected for t in m.tensors if t.grad is not None]
@@ -266,27 +260,9 @@ class FP16Optimizer(PrecisionWrapper):
             m.mark()
         return True
 
-    def _kernel_copy(self, selected: list[_Masters], unscale: float) -> bool | None:
-        """On CPU, the fp16 grads into the fp32 master grads times ``unscale``
-        in one pass that also notes any inf/NaN (see :mod:`._cpu_kernel`).
-        Returns whether one was seen, or None where the kernel does not apply
-        (also under ``torch.compile``: the kernel is eager-only, torch ops trace)."""
-        if torch.compiler.is_compiling():
-            return None
-        srcs = [p.grad for m in selected for p in m.params]
-        masters = [t for m in selected for t in (m.grad_views if self.flat else m.tensors)]
-        if not srcs or not _cpu_kernel.eligible(srcs, masters) or not _cpu_kernel.available():
-            return None
-        if not self.flat:
-            for t in masters:
-                if t.grad is None:
-                    t.grad = torch.empty_like(t)
-            masters = [t.grad for t in masters]
-        return _cpu_kernel.half_to_float_scaled_(srcs, masters, unscale)
-
     def _torch_copy(self, selected: list[_Masters], scale: float, check: bool) -> tuple[bool, float]:
-        """The same with torch ops: a fused copy, plus the check in the cheapest
-        pass that applies. Returns (inf/NaN seen, the scale left for the inner step)."""
+        """The fp16 grads into the fp32 master grads with torch ops: a fused copy,
+        plus the check in the cheapest pass that applies. Returns (inf/NaN seen, the scale left for the inner step)."""
         folds = self._inner_folds_scale()
         if check and folds and not self.flat and non_finite(self._model_grads_of(selected)):
             return True, scale  # per-tensor: the fp16 grads are half the bytes of the fp32 copies

@@ -1,11 +1,12 @@
-"""A one-pass Lion kernel for fp32 CPU tensors: plain C, built on first use.
+"""A one-pass Lion kernel for fp32 CPU tensors: ``csrc/lion_fp32.c``, built on first use.
 
 On CPU the Lion step is memory bound. Written as torch ops it makes six passes
 over memory (one per op); this kernel reads ``p, g, m`` once and writes ``p, m``
 once, which is what a step costs at the bandwidth limit. It needs no torch
-headers, so the system C compiler builds it in well under a second; the shared
-library is cached (``$OPTCORE_CACHE_DIR``, else ``~/.cache/optcore``) and loaded
-with :mod:`ctypes`, which releases the GIL during the call. OpenMP threads
+headers, so :func:`optcore.kernels.build_c_library` builds it with the system C
+compiler in well under a second; the shared library is cached
+(``$OPTCORE_CACHE_DIR``, else ``~/.cache/optcore``) and loaded with
+:mod:`ctypes`, which releases the GIL during the call. OpenMP threads
 follow ``torch.get_num_threads()`` (the same ``libgomp`` torch already loaded).
 
 Where no compiler works, :func:`load` returns ``None`` and says why in
@@ -16,32 +17,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from pathlib import Path
 
 import torch
 from optcore.kernels import build_c_library, pointer_problem
 from torch import Tensor
 
-SOURCE = r"""
-#include <stdint.h>
-
-/* Lion on n fp32 tensors in one pass; a1 = (1-beta1)*gscale, a2 = (1-beta2)*gscale. */
-void lion_fp32(int64_t n, float *const *p, const float *const *g, float *const *m,
-               const int64_t *numel, float lr, float decay, float beta1, float a1,
-               float beta2, float a2, int threads) {
-#pragma omp parallel num_threads(threads)
-  for (int64_t t = 0; t < n; ++t) {
-    float *pt = p[t], *mt = m[t];
-    const float *gt = g[t];
-#pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < numel[t]; ++i) {
-      float c = beta1 * mt[i] + a1 * gt[i];         /* c = b1*m + (1-b1)*g     */
-      float s = (float)((c > 0.f) - (c < 0.f));     /* sign(c), 0 for 0 and NaN */
-      pt[i] = pt[i] * decay - lr * s;               /* p = p*(1-lr*wd) - lr*sign(c) */
-      mt[i] = beta2 * mt[i] + a2 * gt[i];           /* m = b2*m + (1-b2)*g     */
-    }
-  }
-}
-"""
+#: The kernel's C source, shipped in the package (package data).
+SOURCE = Path(__file__).parent / "csrc" / "lion_fp32.c"
 
 _PARALLEL_MIN = 1 << 16  # elements per step below which one thread is faster
 
@@ -53,7 +36,7 @@ unavailable_reason: str | None = None
 def load() -> ctypes.CDLL | None:
     """The compiled kernel (built and cached on first call), or ``None``."""
     global unavailable_reason
-    lib, unavailable_reason = build_c_library("lion_fp32", SOURCE)
+    lib, unavailable_reason = build_c_library("lion_fp32", [SOURCE])
     if lib is not None:
         P = ctypes.POINTER(ctypes.c_void_p)
         f = ctypes.c_float
