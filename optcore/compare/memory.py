@@ -32,7 +32,7 @@ from .._contract import ContractMixin
 from .lineup import built_name
 from .metascalars import MetaScalars, ItemsInKernels
 from .precision import param_dtype, with_precision
-from .probes import optimizer_state_bytes
+from .probes import _count, _tensors, optimizer_state_bytes
 from .transient import FusedKernels, LiveStorages
 
 # ------------------------------------------------------------------ models
@@ -262,9 +262,10 @@ def _per_route(row: dict[str, Any], optimizer: Any, params: list[Tensor]) -> Non
     ``step_in_backward`` no gradient buffer: one parameter's gradient at a time."""
     inner = optimizer.inner if isinstance(optimizer, StepInBackward) else optimizer
     if isinstance(inner, CompositeOptimizer):
+        seen: set[int] = set()  # storages, as optimizer_state_bytes counts them (GaLore's projector's too)
         row["state_by_optimizer"] = {
-            label: sum(t.numel() * t.element_size() for g in part.param_groups for p in g["params"]
-                       for t in inner.state.get(p, {}).values() if isinstance(t, Tensor))
+            label: _count(_tensors([inner.state.get(p, {}) for g in part.param_groups for p in g["params"]],
+                                   objects=True), seen)
             for label, part in inner.parts.items()
         }
         row["note"] = "state by optimizer: " + ", ".join(f"{k} {v} B" for k, v in row["state_by_optimizer"].items())

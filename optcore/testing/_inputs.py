@@ -83,6 +83,20 @@ _PACKAGE_INPUTS: dict[str, ConformanceInputs] = {
     "pytorch_optimizer:Prodigy": ConformanceInputs(config={"lr": 1.0}),
     # FAdam builds fp32 tensors internally (torch.lerp(..., end=fp32)) and fails on fp64 params.
     "pytorch_optimizer:FAdam": ConformanceInputs(dtypes=("float32",)),
+    # GaLore projects each matrix (the kit's are 8 wide: rank 2), re-fitting the projection every 2 steps
+    "galore_torch:GaLoreAdamW": ConformanceInputs(matrices_only=True, config={"lr": 1e-2, "rank": 2, "update_proj_gap": 2}),
+    "galore_torch:GaLoreAdafactor": ConformanceInputs(
+        matrices_only=True,
+        config={"lr": 1e-2, "relative_step": False, "scale_parameter": False, "warmup_init": False, "rank": 2,
+                "update_proj_gap": 2},
+    ),
+    "galore_torch:GaLoreAdamW8bit": ConformanceInputs(
+        matrices_only=True,
+        config={"lr": 1e-2, "rank": 2, "update_proj_gap": 2},
+        skip={} if torch.cuda.is_available() else {
+            "*": "galore_torch's GaLoreAdamW8bit moves its state to CUDA in its first step (bitsandbytes' to_gpu), "
+            "and this machine has no CUDA device"},
+    ),
 }
 
 
