@@ -161,3 +161,28 @@ def test_bitsandbytes_8bit_fallback_on_the_cpu() -> None:
     assert row["status"] == "ok", row["note"]
     assert differences(row, measure(config, _model)) == []
     assert row["state_by_optimizer"]["AdamW8bit"] < predict(CONFIG, _model)["state_by_optimizer"]["AdamW"]
+
+
+def test_dcp_save_and_resume_exactly(tmp_path: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+    )
+
+    straight = _model()
+    _train(straight, [optcore.build_optimizer(CONFIG, straight)], range(6))
+    model = _model()
+    opt = optcore.build_optimizer(CONFIG, model)
+    _train(model, [opt], range(3))
+    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+             checkpoint_id=str(tmp_path))  # fmt: skip
+    torch.manual_seed(5)
+    resumed = Tiny()
+    opt2 = optcore.build_optimizer(CONFIG, resumed)
+    state = {"model": get_model_state_dict(resumed), "optim": get_optimizer_state_dict(resumed, opt2)}
+    dcp.load(state, checkpoint_id=str(tmp_path))
+    set_model_state_dict(resumed, state["model"])
+    set_optimizer_state_dict(resumed, opt2, state["optim"])
+    _train(resumed, [opt2], range(3, 6))
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
