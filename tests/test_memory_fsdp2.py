@@ -5,7 +5,6 @@ the prediction."""
 
 from __future__ import annotations
 
-from typing import Any
 
 import pytest
 import torch
