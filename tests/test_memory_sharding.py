@@ -175,3 +175,17 @@ def test_old_and_new_sharding_flags(capsys) -> None:
     assert "--sharding alone" in capsys.readouterr().err
     assert main(base) == 1
     assert "--sharding" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config", [
+    {"type": "torch:Muon", "lr": 0.02, "fallback": {"type": "torch:AdamW", "lr": 1e-3}},
+    {"type": "torch:AdamW", "step_in_backward": True},
+    {"type": "torch:AdamW", "param_groups": [{"params": r"^fc1\.", "optimizer": {"type": "optcore-lion:Lion"}}]},
+], ids=["muon-adamw", "step-in-backward", "group-optimizer"])  # fmt: skip
+def test_check_composites_and_step_in_backward(config: dict) -> None:
+    if "torch:Muon" in str(config) and not hasattr(torch.optim, "Muon"):
+        pytest.skip("this torch has no Muon")
+    row = _check(config, Uneven, native_kernel="Lion" in str(config))
+    assert row["status"] == "ok", row["note"]
+    if config.get("step_in_backward"):
+        assert row["grad_bytes"] == max(p.numel() * 4 for p in Uneven().parameters())
