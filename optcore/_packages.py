@@ -19,6 +19,7 @@ from ._errors import ConfigError, OptimizerNotFoundError
 from ._values import clean_text, short_repr
 from ._names import close_matches, normalize
 from ._spec import OptimizerSpec
+from .lowrank import low_rank
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class KnownPackage:
     classes: tuple[str, ...]
     ask_names: Callable[[], list[str]] | None = None  # the package's own registry (imports it)
     ask_class: Callable[[str], Any] | None = None
+    wrap: Callable[[type, str], type] | None = None  # what optcore builds for one of ``classes`` (the class if None)
 
     @property
     def top_level(self) -> str:
@@ -77,6 +79,8 @@ KNOWN_PACKAGES: tuple[KnownPackage, ...] = (
             "Adagrad8bit", "AdEMAMix8bit",
         ),
     ),
+    # GaLore's projection settings live in its param groups: lowrank makes them arguments
+    KnownPackage("galore-torch", "galore_torch", ("GaLoreAdamW", "GaLoreAdamW8bit", "GaLoreAdafactor"), wrap=low_rank),
     KnownPackage("torch-optimi", "optimi", ("Adam", "AdamW", "Adan", "Lion", "RAdam", "Ranger", "SGD", "StableAdamW")),
 )
 
@@ -121,7 +125,7 @@ def load_package_class(pkg: KnownPackage, attr: str) -> Any:
             close_matches(attr, [n for n in vars(mod) if not n.startswith("_")]),
             hint=f"The installed {pkg.distribution} has no {attr}; upgrade it (pip install -U {pkg.distribution}).",
         )
-    return obj
+    return pkg.wrap(obj, attr) if pkg.wrap is not None and isinstance(obj, type) else obj
 
 
 def is_installed(top_level: str) -> bool:

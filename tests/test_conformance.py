@@ -21,8 +21,8 @@ from optcore.testing import CHECKS, DTYPES, run_check
 def _specs() -> list:
     out = []
     for spec in optcore.list_optimizers(all=True):
-        if spec.source == "package" and spec.provider in {"bitsandbytes", "timm"}:
-            continue  # not importable on this CPU-only set-up
+        if spec.source == "package" and spec.provider == "timm":
+            continue  # not importable on this CPU-only set-up (bitsandbytes 0.50 runs on the CPU)
         out.append(spec)
     return out
 

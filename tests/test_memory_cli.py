@@ -81,8 +81,15 @@ def test_model_factory_world_size_and_outputs(tmp_path, capsys):
     adamw, lbfgs = doc["rows"]
     n = adamw["n_params"]
     assert n == 8 * 64 + 64 + 64 * 64 + 64 + 64 + 1
-    expected = -(-adamw["state_bytes"] // 4) + -(-adamw["grad_bytes"] // 4) + adamw["param_bytes"]  # ZeRO-2
-    assert adamw["per_rank_bytes"] == expected
+    # ZeRO-2 over 4 ranks: each param group (weights 4672, biases 129) flattened, padded to a multiple
+    # of 2 * 4 and cut in 4: slices of 1168 and 34 elements; gradients and AdamW's two moments on them
+    slices = 4672 // 8 * 2 + -(-129 // 8) * 2
+    assert slices == 1168 + 34
+    rank = adamw["per_rank"]
+    assert rank["grad_bytes"] == 4 * slices and rank["param_bytes"] == 4 * n  # parameters whole at stage 2
+    assert rank["state_bytes"] == 2 * 4 * slices + 2 * 4  # + one step counter per slice
+    assert adamw["per_rank_bytes"] == rank["total_bytes"] == 4 * n + 3 * 4 * slices + 8
+    assert adamw["sharding"] == "zero2" and doc["sharding"] == "zero2"  # --zero-stage 2 is --sharding zero2
     assert lbfgs["status"] == "not predicted" and lbfgs["state_bytes"] is None  # said so, not guessed
     assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -314,10 +314,14 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--config", help="YAML/JSON/TOML list of optimizer configs, as for compare")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="parameter precision")
     p.add_argument("--memory-efficient", action="store_true", help="fp16/bf16 without fp32 master copies")
-    p.add_argument("--world-size", type=int, default=1, help="shard over N ranks (ZeRO-style)")
-    p.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=1,
-                   help="with --world-size: 1 shards optimizer state and master copies, 2 also gradients, "
-                   "3 also parameters (default 1)")  # fmt: skip
+    p.add_argument("--sharding", choices=("fsdp2", "zero1", "zero2", "zero3"),
+                   help="with --world-size: what one rank holds under FSDP2 (each parameter cut along dim 0) or "
+                   "ZeRO (1 shards optimizer state, 2 also gradients, 3 also parameters)")  # fmt: skip
+    p.add_argument("--world-size", type=int, default=1, help="ranks to shard over (with --sharding)")
+    p.add_argument("--zero-stage", type=int, choices=(1, 2, 3), help="same as --sharding zero1|zero2|zero3")
+    p.add_argument("--check", action="store_true",
+                   help="also build the model for real, step each config and print measured beside predicted "
+                   "(exit status 1 where they differ); for small models")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--out", help="also write memory.json and memory.png into this directory")
     p.set_defaults(func=cmd_memory)

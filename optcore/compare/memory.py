@@ -32,7 +32,8 @@ from .._contract import ContractMixin
 from .lineup import built_name
 from .metascalars import MetaScalars, ItemsInKernels
 from .precision import param_dtype, with_precision
-from .probes import optimizer_state_bytes
+from .probes import _count, _tensors, optimizer_state_bytes
+from .transient import FusedKernels, LiveStorages
 
 # ------------------------------------------------------------------ models
 def parse_count(text: str) -> int:
@@ -133,18 +134,32 @@ def _unpredictable(optimizer_cfg: Any) -> str | None:
     return None
 
 
-def step_on(model: nn.Module, optimizer: Any, accumulations: int = 1, mode: Any = None) -> None:
-    """Initialise ``optimizer``'s state as training does: ``accumulations`` backward
-    passes and one step (under ``mode``, e.g. :class:`MetaScalars`). The backward
+def step_on(model: nn.Module | None, optimizer: Any, accumulations: int = 1, mode: Any = None, watch: Any = None,
+            params: list[Tensor] | None = None) -> None:  # fmt: skip
+    """Step ``optimizer`` as training does: ``accumulations`` backward passes and
+    one step (under ``mode``, e.g. :class:`MetaScalars`; ``watch`` around the step
+    alone, e.g. :class:`~optcore.compare.transient.LiveStorages`). The backward
     runs when something watches it (a precision wrapper's own ``backward`` scales
     the loss there; AdaScale's gradient hooks measure it); otherwise the gradients
-    are set directly, which on the meta device costs nothing."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    are set directly, which on the meta device costs nothing. ``params`` are the
+    trained parameters (default: ``model``'s); their old gradients are dropped."""
+    if params is None:
+        assert model is not None
+        params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    mode = mode if mode is not None else contextlib.nullcontext()
+    if watch is None:
+        watch = contextlib.nullcontext()
+    else:  # torch.compile does not trace under a dispatch mode: a compiled step (torchao's) runs eagerly
+        watch = _eager_under(watch)
     own_backward = type(optimizer).backward is not ContractMixin.backward if hasattr(optimizer, "backward") else False
     if isinstance(optimizer, StepInBackward):  # the step runs in the backward's hooks
-        with mode if mode is not None else contextlib.nullcontext():
-            Tensor.backward(sum((p.float() * 1.0).sum() for p in params))
-            optimizer.step()
+        with mode:
+            loss = sum((p.float() * 1.0).sum() for p in params)
+            with watch:
+                Tensor.backward(loss)
+                optimizer.step()
         return
     if own_backward or accumulations > 1 or any(p._backward_hooks for p in params):
         backward = optimizer.backward if own_backward else Tensor.backward
@@ -153,7 +168,7 @@ def step_on(model: nn.Module, optimizer: Any, accumulations: int = 1, mode: Any 
     else:
         for p in params:
             p.grad = torch.ones_like(p)
-    with mode if mode is not None else contextlib.nullcontext():
+    with mode, watch:
         optimizer.step()
 
 
@@ -177,7 +192,7 @@ def predict(optimizer_cfg: Any, factory: Callable[[], nn.Module] | MetaModels) -
     """The row of one config: bytes of optimizer state (master copies included,
     also alone), gradients and parameters, or the reason it cannot be predicted."""
     row: dict[str, Any] = {"built": built_name(optimizer_cfg), "status": "ok", "note": None,
-                           "state_bytes": None, "master_bytes": None}  # fmt: skip
+                           "state_bytes": None, "master_bytes": None, "transient_bytes": None}  # fmt: skip
     models = factory if isinstance(factory, MetaModels) else MetaModels(factory)
     model = models(param_dtype(optimizer_cfg))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -191,30 +206,55 @@ def predict(optimizer_cfg: Any, factory: Callable[[], nn.Module] | MetaModels) -
     error = None
     for in_kernels in (False, True):  # the aten-level fallback is slower: only when needed
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                optimizer = optcore.build_optimizer(optimizer_cfg, model)
+            optimizer, fused = _build_on_meta(optimizer_cfg, model)
         except Exception as exc:  # noqa: BLE001 - shown in the row; the other configs still run
             row["status"], row["note"] = "failed", f"build: {exc}"
             return row
-        scalars = MetaScalars()
-        mode = contextlib.ExitStack()
-        mode.enter_context(scalars)
-        if in_kernels:
-            mode.enter_context(ItemsInKernels(scalars))
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), FusedKernels(fused):
                 warnings.simplefilter("ignore")
-                step_on(model, optimizer, _accumulations(optimizer_cfg), mode)
+                step_on(model, optimizer, _accumulations(optimizer_cfg), _meta_mode(in_kernels))
+                row.update(optimizer_state_bytes(optimizer, params))
+                watch = LiveStorages()
+                step_on(model, optimizer, _accumulations(optimizer_cfg), _meta_mode(in_kernels), watch)
         except Exception as exc:  # noqa: BLE001 - the state cannot be initialised without data: say so
             error = exc
             model.zero_grad(set_to_none=True)
             continue
-        row.update(optimizer_state_bytes(optimizer, params))
+        row["transient_bytes"] = watch.peak
         _per_route(row, optimizer, params)
         return row
     row["status"], row["note"] = "not predicted", f"its step needs real data ({type(error).__name__}: {error})"
     return row
+
+
+@contextlib.contextmanager
+def _eager_under(watch: Any) -> Any:
+    with torch.compiler.set_stance("force_eager"), watch:
+        yield watch
+
+
+def _build_on_meta(optimizer_cfg: Any, model: nn.Module) -> tuple[Any, bool]:
+    """The optimizer as a real build makes it (torch's fused kernels where the
+    class has them), or, where its constructor reads a fused state's value (a
+    precision wrapper looking at Adagrad's ``step``), without them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with FusedKernels():
+                return optcore.build_optimizer(optimizer_cfg, model), True
+        except Exception:  # noqa: BLE001 - the second build reports its own error
+            return optcore.build_optimizer(optimizer_cfg, model), False
+
+
+def _meta_mode(in_kernels: bool) -> contextlib.ExitStack:
+    """Answers for the ``.item()`` calls of a step on the meta device (see :class:`MetaScalars`)."""
+    scalars = MetaScalars()
+    mode = contextlib.ExitStack()
+    mode.enter_context(scalars)
+    if in_kernels:
+        mode.enter_context(ItemsInKernels(scalars))
+    return mode
 
 
 def _per_route(row: dict[str, Any], optimizer: Any, params: list[Tensor]) -> None:
@@ -222,9 +262,10 @@ def _per_route(row: dict[str, Any], optimizer: Any, params: list[Tensor]) -> Non
     ``step_in_backward`` no gradient buffer: one parameter's gradient at a time."""
     inner = optimizer.inner if isinstance(optimizer, StepInBackward) else optimizer
     if isinstance(inner, CompositeOptimizer):
+        seen: set[int] = set()  # storages, as optimizer_state_bytes counts them (GaLore's projector's too)
         row["state_by_optimizer"] = {
-            label: sum(t.numel() * t.element_size() for g in part.param_groups for p in g["params"]
-                       for t in inner.state.get(p, {}).values() if isinstance(t, Tensor))
+            label: _count(_tensors([inner.state.get(p, {}) for g in part.param_groups for p in g["params"]],
+                                   objects=True), seen)
             for label, part in inner.parts.items()
         }
         row["note"] = "state by optimizer: " + ", ".join(f"{k} {v} B" for k, v in row["state_by_optimizer"].items())
@@ -235,12 +276,13 @@ def _per_route(row: dict[str, Any], optimizer: Any, params: list[Tensor]) -> Non
 
 
 def predict_all(entries: Sequence[Mapping[str, Any]], factory: Callable[[], nn.Module], precision: str = "fp32",
-                memory_efficient: bool = False, world_size: int = 1, zero_stage: int = 1,
+                memory_efficient: bool = False, world_size: int = 1, sharding: str | None = None,
                 shape_check: Callable[[], nn.Module] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """One row per entry (see :func:`predict`), with totals, bytes per parameter
-    and, over ``world_size`` ranks, the share of one rank under ZeRO stage
-    ``zero_stage`` (1: optimizer state and master copies sharded, 2: also
-    gradients, 3: also parameters; an even flat partition, as DeepSpeed's)."""
+    and, with ``sharding`` over ``world_size`` ranks, what one rank holds (see
+    :mod:`optcore.compare.memory_shard`)."""
+    from .memory_shard import per_rank
+
     rows = []
     models = MetaModels(factory)
     twins = MetaModels(shape_check) if shape_check is not None else None
@@ -252,19 +294,16 @@ def predict_all(entries: Sequence[Mapping[str, Any]], factory: Callable[[], nn.M
             if other["state_bytes"] != row["state_bytes"]:
                 row["note"] = ("its state depends on the parameter shapes: shown for one flat tensor (as a matrix: "
                                f"{other['state_bytes']} B); give --model or --hf-config for the real shapes")  # fmt: skip
-        _totals(row, world_size, zero_stage)
+        _totals(row)
+        row["world_size"], row["sharding"] = world_size, sharding
+        if sharding is not None and row["status"] == "ok":
+            per_rank(row, cfg, on_meta(factory, param_dtype(cfg)), sharding, world_size, _accumulations(cfg))
         rows.append(row)
     return rows
 
 
-def _totals(row: dict[str, Any], world_size: int, zero_stage: int) -> None:
+def _totals(row: dict[str, Any]) -> None:
     state = row["state_bytes"]
     row["total_bytes"] = None if state is None else state + row["grad_bytes"] + row["param_bytes"]
     n = row["n_params"] or 1
     row["total_bytes_per_param"] = None if state is None else row["total_bytes"] / n
-    row["world_size"], row["zero_stage"] = world_size, zero_stage
-    if state is None:
-        row["per_rank_bytes"] = None
-        return
-    shard = lambda b, stage: math.ceil(b / world_size) if zero_stage >= stage else b  # noqa: E731
-    row["per_rank_bytes"] = shard(state, 1) + shard(row["grad_bytes"], 2) + shard(row["param_bytes"], 3)

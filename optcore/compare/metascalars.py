@@ -59,12 +59,26 @@ class MetaScalars(TorchFunctionMode):
             if target is not None and target.type != "meta":
                 dtype = kwargs.get("dtype") or next((a for a in args[1:] if isinstance(a, torch.dtype)), first.dtype)
                 return torch.full(first.shape, self._value(first), dtype=dtype, device=target)
+        args = self._numbers_for_scalar_arguments(func, args)
         out = func(*args, **kwargs)
         if isinstance(out, Tensor) and out.device.type == "meta" and not out.dtype.is_floating_point:
             value = self._truth(name, args)
             if value is not None:
                 self._truth_of[id(out)] = (weakref.ref(out), value)
         return out
+
+    def _numbers_for_scalar_arguments(self, func: Any, args: tuple) -> tuple:
+        """A 0-d meta tensor passed where an operator's schema takes a number
+        (bitsandbytes' LAMB passes its norm so; the real tensor converts): its value."""
+        schema = getattr(func, "_schema", None) or getattr(getattr(func, "default", None), "_schema", None)
+        if schema is None:
+            return args
+        out = list(args)
+        for i, (arg, declared) in enumerate(zip(args, schema.arguments)):
+            if (isinstance(arg, Tensor) and arg.device.type == "meta" and arg.dim() == 0
+                    and str(declared.type) in ("float", "int", "bool", "Scalar")):  # fmt: skip
+                out[i] = self._value(arg)
+        return tuple(out)
 
     def _value(self, t: Tensor) -> Any:
         known = self._known(t)

@@ -42,6 +42,8 @@ def optimizer_state_bytes(optimizer: Any, params: Iterable[Tensor]) -> dict[str,
         copies = [p for g in chain[-1].param_groups for p in g["params"] if _storage_id(p) not in model]
         masters = _count((t for p in copies for t in (p, p.grad) if t is not None), seen)
     state = sum(_count(_tensors(vars(o)), seen) for o in chain)
+    # an object kept in a parameter's state (GaLore's projector) holds its tensors in its attributes
+    state += sum(_count(_tensors(dict(getattr(o, "state", {})), objects=True), seen) for o in chain)
     n = sum(p.numel() for p in params)
     total = state + (masters or 0)
     return {"state_bytes": total, "master_bytes": masters, "state_bytes_per_param": total / n if n else None}
@@ -58,23 +60,26 @@ def _count(tensors: Iterator[Tensor], seen: set[int]) -> int:
     return total
 
 
-def _tensors(obj: Any, depth: int = 0) -> Iterator[Tensor]:
+def _tensors(obj: Any, depth: int = 0, objects: bool = False) -> Iterator[Tensor]:
     """Tensors in ``obj`` and its mappings, lists and tuples (not in other objects:
-    a module or a hook a wrapper holds is not optimizer state)."""
+    a module or a hook a wrapper holds is not optimizer state), and with
+    ``objects`` in the attributes of plain objects too (what a state holds)."""
     if isinstance(obj, Tensor) and hasattr(type(obj), "__tensor_flatten__") and depth < 8:
         # a wrapper subclass (torchao's 8-bit and 4-bit states): its inner tensors hold the bytes,
         # not the logical fp32 size the wrapper reports
         names, _ = obj.__tensor_flatten__()
         for name in names:
-            yield from _tensors(getattr(obj, name), depth + 1)
+            yield from _tensors(getattr(obj, name), depth + 1, objects)
     elif isinstance(obj, Tensor):
         yield obj
     elif depth < 8 and isinstance(obj, Mapping):
         for value in obj.values():
-            yield from _tensors(value, depth + 1)
+            yield from _tensors(value, depth + 1, objects)
     elif depth < 8 and isinstance(obj, (list, tuple)):
         for value in obj:
-            yield from _tensors(value, depth + 1)
+            yield from _tensors(value, depth + 1, objects)
+    elif objects and depth < 8 and hasattr(obj, "__dict__") and not callable(obj) and not isinstance(obj, type):
+        yield from _tensors(vars(obj), depth + 1, objects)
 
 
 # ----------------------------------------------------------- process memory

@@ -34,6 +34,12 @@ class CompositeOptimizer(ContractMixin, torch.optim.Optimizer):
         super().__init__([g for part in parts for g in part.param_groups], {})
         for part in parts:
             part.state = self.state  # one mapping: disjoint parameters, so no key is shared
+            # the state_dict is the composite's: a part's hooks on its layout (GaLore saves its projector as
+            # tensors) run on it, over the one state
+            for hook in getattr(part, "_optimizer_state_dict_post_hooks", {}).values():
+                self.register_state_dict_post_hook(hook)
+            for hook in getattr(part, "_optimizer_load_state_dict_pre_hooks", {}).values():
+                self.register_load_state_dict_pre_hook(hook)
         self.routing = tuple(routing)
         self._routed = {label: {id(p) for g in part.param_groups for p in g["params"]} for label, part in self.parts.items()}
         self._base_lrs = [_as_float(g["lr"]) for g in self.param_groups]

@@ -83,6 +83,28 @@ _PACKAGE_INPUTS: dict[str, ConformanceInputs] = {
     "pytorch_optimizer:Prodigy": ConformanceInputs(config={"lr": 1.0}),
     # FAdam builds fp32 tensors internally (torch.lerp(..., end=fp32)) and fails on fp64 params.
     "pytorch_optimizer:FAdam": ConformanceInputs(dtypes=("float32",)),
+    # bitsandbytes' 8-bit SGD and LARS refuse momentum=0 (their state is the momentum buffer)
+    "bitsandbytes.optim:SGD8bit": ConformanceInputs(config={"lr": 0.05, "momentum": 0.9}),
+    "bitsandbytes.optim:LARS8bit": ConformanceInputs(config={"lr": 0.05, "momentum": 0.9}),
+    # bitsandbytes' paged optimizers run unpaged on the CPU, and warn on each build that they do
+    **{f"bitsandbytes.optim:{name}": ConformanceInputs(skip={} if torch.cuda.is_available() else {
+        "lr_scheduler": "bitsandbytes' paged optimizers warn on the CPU that they fall back to unpaged memory, "
+        "and this check fails on any warning (a scheduler stepped out of order warns)"})
+       for name in ("PagedAdam8bit", "PagedAdamW8bit", "PagedAdamW32bit", "PagedLion8bit")},
+    # GaLore projects each matrix (the kit's are 8 wide: rank 2), re-fitting the projection every 2 steps
+    "galore_torch:GaLoreAdamW": ConformanceInputs(matrices_only=True, config={"lr": 1e-2, "rank": 2, "update_proj_gap": 2}),
+    "galore_torch:GaLoreAdafactor": ConformanceInputs(
+        matrices_only=True,
+        config={"lr": 1e-2, "relative_step": False, "scale_parameter": False, "warmup_init": False, "rank": 2,
+                "update_proj_gap": 2},
+    ),
+    "galore_torch:GaLoreAdamW8bit": ConformanceInputs(
+        matrices_only=True,
+        config={"lr": 1e-2, "rank": 2, "update_proj_gap": 2},
+        skip={} if torch.cuda.is_available() else {
+            "*": "galore_torch's GaLoreAdamW8bit moves its state to CUDA in its first step (bitsandbytes' to_gpu), "
+            "and this machine has no CUDA device"},
+    ),
 }
 
 

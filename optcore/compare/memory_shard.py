@@ -1,0 +1,161 @@
+"""``optcore memory --sharding fsdp2|zero1|zero2|zero3 --world-size N``: what
+one rank holds, from the tensors that rank's optimizer actually sees.
+
+- ``fsdp2`` (``torch.distributed.fsdp.fully_shard``): every parameter is cut
+  along dim 0 into ``N`` chunks of ``ceil(d0 / N)`` rows. A rank stores its chunk
+  padded to that size (parameters, and the gradients that the reduce-scatter
+  writes into one flat buffer), and the optimizer sees the unpadded local shard,
+  so its state has the local shape; rank 0's chunk is the largest, and is the
+  one shown. Only an optimizer whose update is elementwise steps a shard as it
+  would step the whole (the ``sharding`` capability); others are named, not guessed.
+- ``zero1|2|3`` (DeepSpeed's ZeRO): each param group is flattened, and each
+  rank's optimizer steps one flat 1-D slice of it: ``ceil(n / 2N) * 2``
+  elements at stages 1 and 2 (the flat group padded to DeepSpeed's alignment of
+  2 per rank), the sum of ``ceil(numel / N)`` per parameter at stage 3 (each
+  parameter padded on its own). Stage 1 shards the optimizer state, 2 also the
+  gradients, 3 also the parameters. DeepSpeed's own buffers (its fp32 partition
+  copy, gradient buckets) belong to its configuration and are not counted.
+
+Either way the optimizer is built and stepped on the meta device over those
+per-rank tensors, so the state (a low-bit state's block scales included) is
+counted, not estimated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+import optcore
+
+from ..composite import StepInBackward
+from ..integrations.deepspeed import _WHY, _sharding
+from .metascalars import ItemsInKernels, MetaScalars
+from .probes import optimizer_state_bytes
+from .transient import FusedKernels, LiveStorages
+
+SHARDINGS = ("fsdp2", "zero1", "zero2", "zero3")
+
+
+def fsdp2_chunk(shape: torch.Size, world_size: int) -> tuple[torch.Size, int]:
+    """Rank 0's local shard shape under FSDP2 and the padded numel every rank stores."""
+    if len(shape) == 0:
+        shape = torch.Size([1])
+    rows = math.ceil(shape[0] / world_size)
+    rest = math.prod(shape[1:])
+    return torch.Size([min(rows, shape[0]), *shape[1:]]), rows * rest
+
+
+def zero_slice(numels: list[int], stage: int, world_size: int) -> int:
+    """Elements of one rank's flat slice of a param group of tensors of ``numels``."""
+    if stage == 3:
+        return sum(math.ceil(n / world_size) for n in numels)
+    align = 2 * world_size
+    return math.ceil(sum(numels) / align) * align // world_size
+
+
+def per_rank(row: dict[str, Any], cfg: Any, model: nn.Module, sharding: str, world_size: int,
+             accumulations: int = 1) -> None:  # fmt: skip
+    """Fill ``row["per_rank"]`` (parameter, gradient, state, transient and total
+    bytes of rank 0) for ``model`` (a fresh model of the run's dtype: on the meta device to predict, real to measure), or
+    ``row["per_rank_note"]`` with why it cannot be predicted."""
+    row["per_rank"], row["per_rank_bytes"] = None, None
+    all_params = list(model.parameters())
+    trained = [p for p in all_params if p.requires_grad]
+    nbytes = lambda numel, p: numel * p.element_size()  # noqa: E731
+    if sharding == "fsdp2":
+        chunks = {id(p): fsdp2_chunk(p.shape, world_size) for p in all_params}
+        param_bytes = sum(nbytes(chunks[id(p)][1], p) for p in all_params)
+        grad_bytes = sum(nbytes(chunks[id(p)][1], p) for p in trained)
+        _to_local_shards(model, {id(p): chunks[id(p)][0] for p in all_params})
+        trained = [p for p in model.parameters() if p.requires_grad]
+    else:
+        stage = int(sharding[-1])
+        param_bytes = sum(nbytes(p.numel(), p) for p in all_params)
+        grad_bytes = sum(nbytes(p.numel(), p) for p in trained)
+    fused = FusedKernels(sharding != "fsdp2")  # DTensor shards have no fused kernels
+    try:
+        with warnings.catch_warnings(), fused:
+            warnings.simplefilter("ignore")
+            optimizer = optcore.build_optimizer(cfg, model)
+    except Exception as exc:  # noqa: BLE001 - the row shows why
+        row["per_rank_note"] = f"build: {exc}"
+        return
+    if isinstance(optimizer, StepInBackward):
+        row["per_rank_note"] = ("step_in_backward is refused on several ranks (DDP and FSDP reduce a gradient after "
+                                "the hook has stepped with the local one)")  # fmt: skip
+        return
+    kind = _sharding(optimizer)
+    if kind != "elementwise":
+        what = "FSDP2 hands it DTensor shards of each parameter" if sharding == "fsdp2" else (
+            "ZeRO hands it one flat slice of each param group")  # fmt: skip
+        row["per_rank_note"] = f"not predicted under {sharding}: {what}, and its update is {_WHY.get(kind, kind)}"
+        return
+    if sharding != "fsdp2":
+        slices = _flatten_groups(optimizer, stage, world_size)
+        if stage >= 2:
+            grad_bytes = sum(nbytes(s.numel(), s) for s in slices)
+        if stage == 3:
+            param_bytes = sum(nbytes(s.numel(), s) for s in slices)
+        trained = slices
+    try:
+        with fused:
+            state, transient = _two_steps(optimizer, trained, accumulations)
+    except Exception as exc:  # noqa: BLE001 - the row shows why
+        row["per_rank_note"] = f"its step over the shards needs real data ({type(exc).__name__}: {exc})"
+        return
+    total = param_bytes + grad_bytes + state
+    row["per_rank"] = {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "state_bytes": state,
+                       "transient_bytes": transient, "total_bytes": total}  # fmt: skip
+    row["per_rank_bytes"] = total
+
+
+def _to_local_shards(model: nn.Module, shapes: dict[int, torch.Size]) -> None:
+    """Each parameter of ``model`` replaced by one of its local shard's shape."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.shape != shapes[id(p)]:
+                local = nn.Parameter(torch.zeros(shapes[id(p)], dtype=p.dtype, device=p.device), p.requires_grad)
+                module._parameters[name] = local
+
+
+def _flatten_groups(optimizer: Any, stage: int, world_size: int) -> list[nn.Parameter]:
+    """Each param group's parameters replaced by the one flat slice a rank steps
+    (as DeepSpeed does to the client optimizer's groups); state made from the
+    whole tensors is dropped."""
+    slices = []
+    for group in optimizer.param_groups:
+        params = group["params"]
+        if not params:
+            continue
+        numel = zero_slice([p.numel() for p in params], stage, world_size)
+        flat = nn.Parameter(torch.zeros(numel, dtype=params[0].dtype, device=params[0].device))
+        group["params"] = [flat]
+        slices.append(flat)
+    optimizer.state.clear()
+    return slices
+
+
+def _two_steps(optimizer: Any, params: list[torch.Tensor], accumulations: int) -> tuple[int, int]:
+    """State bytes after one step and the transient peak of the second (on the meta
+    device, its ``.item()`` calls answered by :class:`MetaScalars`; on real tensors, as they are)."""
+    from .memory import step_on
+
+    transient = 0
+    for watch in (None, LiveStorages()):
+        scalars = MetaScalars()
+        with contextlib.ExitStack() as mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mode.enter_context(scalars)
+            mode.enter_context(ItemsInKernels(scalars))
+            step_on(None, optimizer, accumulations, watch=watch, params=params)
+        if watch is None:
+            state = optimizer_state_bytes(optimizer, params)["state_bytes"]
+        else:
+            transient = watch.peak
+    return state, transient
