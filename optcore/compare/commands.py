@@ -8,6 +8,8 @@ modules it runs (torch, rich, matplotlib) when it runs.
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -109,9 +111,9 @@ def _protocol(args: argparse.Namespace, seed: int) -> tuple[dict[str, Any], list
 
 
 def _hide_password(url: str) -> str:
-    import re
+    from .study import _hide_password as hide
 
-    return re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", url)
+    return hide(url)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -218,6 +220,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 if prune is not None and claimed.attrs.get("pruned_at"):
                     result.update(status="pruned", error=None, pruned_at=claimed.attrs["pruned_at"])
                 result["name"], result["seed"], result["phase"] = claimed.config, claimed.seed, claimed.phase
+                result["worker"] = f"{socket.gethostname()}:{os.getpid()}"
                 if claimed.lr is not None:
                     result["lr"] = claimed.lr
                 result["trial_wall_s"] = time.perf_counter() - begin

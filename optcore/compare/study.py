@@ -93,23 +93,49 @@ def open_storage(url: str, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> Any:
             f"postgresql://user@host/db, mysql://...), got {url!r}.",
             problems=[("storage", url)],
         )
+    url = _driver_url(url)
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}  # several workers wait for the file's lock
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heartbeat_interval is marked experimental
-        try:
-            rdb = optuna.storages.RDBStorage(
-                url, heartbeat_interval=max(1, round(heartbeat_s)), grace_period=max(2, round(GRACE_INTERVALS * heartbeat_s)),
-                failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=MAX_RETRY), **kwargs,
-            )  # fmt: skip
-        except (ImportError, ModuleNotFoundError) as exc:
-            raise ConfigError(f"--storage {url!r} needs a database driver: {exc} (PostgreSQL: pip install "
-                              "psycopg2-binary).", problems=[("storage", "driver")]) from None  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - sqlalchemy's errors name the server and the reason
-            raise ConfigError(f"Cannot open the Optuna storage {url!r}: {type(exc).__name__}: {exc}",
-                              problems=[("storage", "unreachable")]) from None  # fmt: skip
+        for attempt in range(10):
+            try:
+                rdb = optuna.storages.RDBStorage(
+                    url, heartbeat_interval=max(1, round(heartbeat_s)),
+                    grace_period=max(2, round(GRACE_INTERVALS * heartbeat_s)),
+                    failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=MAX_RETRY), **kwargs,
+                )  # fmt: skip
+                break
+            except (ImportError, ModuleNotFoundError) as exc:
+                raise ConfigError(f"--storage {url!r} needs a database driver: {exc} (PostgreSQL: pip install "
+                                  "psycopg2-binary).", problems=[("storage", "driver")]) from None  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - sqlalchemy's errors name the server and the reason
+                # Workers that start together race to create the schema: the loser finds it made.
+                if "IntegrityError" in type(exc).__name__ + repr(exc) and attempt < 9:
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+                raise ConfigError(f"Cannot open the Optuna storage {_hide_password(url)!r}: {type(exc).__name__}: {exc}",
+                                  problems=[("storage", "unreachable")]) from None  # fmt: skip
     return optuna.storages.get_storage(rdb)
+
+
+def _driver_url(url: str) -> str:
+    """``postgresql://`` through psycopg2 (optcore[compare]'s driver) where psycopg 3,
+    SQLAlchemy 2.1's default for a URL without a driver, is not installed."""
+    import importlib.util
+
+    scheme, sep, rest = url.partition("://")
+    if scheme in ("postgresql", "postgres") and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:  # fmt: skip
+        return f"postgresql+psycopg2{sep}{rest}"
+    return url
+
+
+def _hide_password(url: str) -> str:
+    import re
+
+    return re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
 def _retrying(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

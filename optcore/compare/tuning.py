@@ -39,7 +39,8 @@ def distributions(space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 def draw_points(space: Mapping[str, Mapping[str, Any]], k: int, seed: int, qmc_type: str = "sobol") -> list[dict[str, float]]:
     """The first ``k`` points of Optuna's scrambled ``qmc_type`` sequence with ``seed``
-    over ``space``: the same points on every machine for the same seed.
+    over ``space`` (to 4 significant digits): the same points on every machine for
+    the same seed.
 
     They are drawn up front in a scratch study and enqueued, so that the K trials of
     a study are exactly the sampler's first K whoever runs them (QMCSampler keeps its
@@ -58,7 +59,13 @@ def draw_points(space: Mapping[str, Mapping[str, Any]], k: int, seed: int, qmc_t
         # The sampler learns the space from a first trial, which it draws independently
         # (not part of the sequence); it stays running, so the next asks are relative.
         scratch.ask(dists)
-        return [dict(scratch.ask(dists).params) for _ in range(k)]
+        points = [scratch.ask(dists).params for _ in range(k)]
+    return [{n: _round(v, space[n]) for n, v in p.items()} for p in points]
+
+
+def _round(value: float, dim: Mapping[str, Any]) -> float:
+    """4 significant digits (a config one can read and type), kept inside the range."""
+    return min(max(float(f"{value:.4g}"), dim["low"]), dim["high"])
 
 
 def median_best(bests: Sequence[float]) -> float | None:
