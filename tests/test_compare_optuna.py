@@ -197,6 +197,29 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path, capsys):
     assert "started with other settings (seeds, entries differ)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_pruning_stops_trials_and_is_reported(tmp_path):
+    """--prune: Optuna's median rule on the training loss stops a tuning trial's
+    process; the trial is PRUNED in the storage and counted in the report."""
+    config = tmp_path / "compare.yaml"
+    config.write_text("configs:\n  - {name: AdamW, optimizer: {type: 'torch:AdamW', lr: 1.0e-2}, "
+                      "search_space: {lr: [1.0e-5, 1.0]}}\n")  # fmt: skip
+    out = tmp_path / "out"
+    assert main(["compare", "--config", str(config), "--steps", "40", "--trials", "6", "--seeds", "1", "--prune",
+                 "--jobs", "1", "--quiet", "--out", str(out)]) == 0  # fmt: skip
+    doc = json.loads((out / "results.json").read_text())
+    (study,) = doc["tuned"]["optimizers"]["AdamW"]["studies"]
+    pruned = [t for t in study["trials"] if t["status"] == "pruned"]
+    assert study["pruned"] == len(pruned) >= 1 and all(t["final"] is None for t in pruned)
+    stored = optuna.load_study(study_name="compare/AdamW/tune-0", storage=_storage(f"sqlite:///{out / 'optuna.db'}"))
+    states = {t.number: t for t in stored.get_trials()}
+    for t in pruned:
+        frozen = states[t["number"]]
+        assert frozen.state == optuna.trial.TrialState.PRUNED
+        assert frozen.user_attrs["result"]["pruned_at"] >= 10  # not before a quarter of the run (n_warmup_steps)
+        assert max(frozen.intermediate_values) == frozen.user_attrs["result"]["pruned_at"]
+
+
 # --------------------------------------------------------- shared workers
 WORKER = ["--optimizers", "AdamW,torch:SGD", "--steps", "3", "--trials", "2", "--studies", "2", "--seeds", "1,2",
           "--in-process", "--quiet", "--heartbeat", "1"]  # fmt: skip
