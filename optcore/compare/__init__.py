@@ -8,10 +8,12 @@ One module per role:
 - :mod:`.probes`: optimizer-state bytes and peak-memory probes
 - :mod:`.runner`: a run in a fresh process (spawn isolation)
 - :mod:`.sweep`: seeds x learning rates, the time budget, and the per-config summary
+- :mod:`.tuning`: equal tuning budgets (quasi-random points, median of the studies' bests, re-seeding)
+- :mod:`.study`: Optuna as the engine: every run a trial in a storage that workers share
 - :mod:`.report`: the rich table, the PNG plots and ``results.json``
 - :mod:`.memory`: the ``optcore memory`` prediction (optimizer built on the meta device)
 - :mod:`.commands`: the argparse subcommands
 
 Importing this package, :mod:`.lineup` or :mod:`.commands` is cheap (no torch,
-rich or matplotlib): the CLI imports them to add its subcommands.
+rich, matplotlib or optuna): the CLI imports them to add its subcommands.
 """

@@ -436,7 +436,8 @@ def add_commands(sub: Any) -> None:
         "compare",
         help="train a small model with several optimizers; table, loss plot and JSON side by side",
         description="Train the same small model on the same data with several optimizer configs (per seed, per lr "
-        "of a sweep) and compare held-out loss, speed, optimizer-state memory, peak memory and skipped fp16 steps.",
+        "of a sweep, or tuned with an equal budget of trials) and compare held-out loss, speed, optimizer-state "
+        "memory, peak memory and skipped fp16 steps. Every run is an Optuna trial.",
         epilog="Default line-up (the installed ones): AdamW, Adam, NAdam, SGD, RMSprop, Adagrad, Lion, Adafactor, "
         "Prodigy, ScheduleFreeAdamW, at the learning rates of optcore.compare.lineup.DEFAULTS.",
     )
