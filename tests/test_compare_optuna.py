@@ -220,6 +220,22 @@ def test_pruning_stops_trials_and_is_reported(tmp_path):
         assert max(frozen.intermediate_values) == frozen.user_attrs["result"]["pruned_at"]
 
 
+def test_a_worker_with_only_storage_and_study_joins_the_stored_sweep(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'sweep.db'}"
+    first = _compare(tmp_path / "first", "--storage", url, "--study", "mine", names="torch:SGD", steps=2)
+    rc = main(["compare", "--storage", url, "--study", "mine", "--in-process", "--quiet", "--out", str(tmp_path / "join")])
+    assert rc == 0
+    joined = json.loads((tmp_path / "join" / "results.json").read_text())
+    assert {k: v for k, v in joined.items() if k not in LIVE} == {k: v for k, v in first.items() if k not in LIVE}
+    assert joined["settings"]["steps"] == 2  # the stored sweep's, not the default 300
+    assert _finished_slots(url, "mine") == {"mine": [0]}  # nothing ran twice
+    capsys.readouterr()
+    assert main(["compare", "report", "--storage", url, "--study", "other", "--out", str(tmp_path / "r")]) == 1
+    assert "No comparison 'other' in this storage; it holds: mine" in capsys.readouterr().err
+    assert main(["compare", "report", "--storage", f"sqlite:///{tmp_path / 'none.db'}"]) == 1
+    assert "No such SQLite file" in capsys.readouterr().err and not (tmp_path / "none.db").exists()
+
+
 # --------------------------------------------------------- shared workers
 WORKER = ["--optimizers", "AdamW,torch:SGD", "--steps", "3", "--trials", "2", "--studies", "2", "--seeds", "1,2",
           "--in-process", "--quiet", "--heartbeat", "1"]  # fmt: skip

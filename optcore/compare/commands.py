@@ -357,6 +357,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``optcore compare report``: the table and plots of a sweep, from its storage alone."""
     from .study import Sweep, collect, open_storage
 
+    if args.storage.startswith("sqlite:///") and not Path(args.storage[len("sqlite:///"):]).is_file():
+        raise ConfigError(f"No such SQLite file: {args.storage[len('sqlite:///'):]} (a comparison's storage is "
+                          "optuna.db in its --out folder: --storage sqlite:///OUT/optuna.db).",
+                          problems=[("storage", "missing")])  # fmt: skip
     sweep = Sweep.open(open_storage(args.storage), args.study, None)
     out = _out_dir(args)
     out.mkdir(parents=True, exist_ok=True)
