@@ -236,6 +236,21 @@ def test_a_worker_with_only_storage_and_study_joins_the_stored_sweep(tmp_path, c
     assert "No such SQLite file" in capsys.readouterr().err and not (tmp_path / "none.db").exists()
 
 
+def test_a_result_for_a_trial_failed_as_stale_meanwhile_is_dropped(tmp_path):
+    """A worker that was silent past the grace period (its trial failed and retried by
+    another) finishes its run: the result is dropped, the retry counts."""
+    from optcore.compare.study import Sweep, open_storage, sweep_meta
+
+    meta = sweep_meta([{"name": "a", "optimizer": {"type": "torch:SGD", "lr": 0.1}}], {}, task={"spec": "char-lm"},
+                      steps=2, seeds=[0], lr_sweep=None, lrs=None, extra={"summary": "", "memory_note": ""},
+                      protocol={"trials": 0, "studies": 1, "sampler": "sobol", "sampler_seed": 0, "tuning_seed": 0})  # fmt: skip
+    sweep = Sweep.open(open_storage(f"sqlite:///{tmp_path / 's.db'}"), "s", meta)
+    claimed = sweep.claim(lambda c: True, set())
+    claimed.study.tell(claimed.number, state=optuna.trial.TrialState.FAIL)  # as fail_stale_trials does
+    sweep.finish(claimed, {"status": "ok", "final": 1.0})
+    assert "result" not in sweep.storage.get_trial(claimed.trial_id).user_attrs
+
+
 # --------------------------------------------------------- shared workers
 WORKER = ["--optimizers", "AdamW,torch:SGD", "--steps", "3", "--trials", "2", "--studies", "2", "--seeds", "1,2",
           "--in-process", "--quiet", "--heartbeat", "1"]  # fmt: skip

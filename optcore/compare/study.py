@@ -361,13 +361,19 @@ class Sweep:
         """Record ``result`` on the trial and tell Optuna how it ended."""
         optuna = _optuna()
         state = optuna.trial.TrialState
-        _retrying(self.storage.set_trial_user_attr, claimed.trial_id, "result", result)
-        if result["status"] == "ok" and result["final"] is not None:
-            _retrying(claimed.study.tell, claimed.number, float(result["final"]))
-        elif result["status"] == "pruned":
-            _retrying(claimed.study.tell, claimed.number, state=state.PRUNED)
-        else:
-            _retrying(claimed.study.tell, claimed.number, state=state.FAIL)
+        try:
+            _retrying(self.storage.set_trial_user_attr, claimed.trial_id, "result", result)
+            if result["status"] == "ok" and result["final"] is not None:
+                _retrying(claimed.study.tell, claimed.number, float(result["final"]))
+            elif result["status"] == "pruned":
+                _retrying(claimed.study.tell, claimed.number, state=state.PRUNED)
+            else:
+                _retrying(claimed.study.tell, claimed.number, state=state.FAIL)
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+            # This worker missed its heartbeats for so long that another one failed the
+            # trial as stale; Optuna's retry of it runs (or ran) there, and counts instead.
+            if not _retrying(self.storage.get_trial, claimed.trial_id).state.is_finished():
+                raise
 
     def abandon(self, claimed: Claimed) -> None:
         """A trial stopped by Ctrl-C: failed, and enqueued again (as a killed worker's
