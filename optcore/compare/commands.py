@@ -121,6 +121,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return cmd_report(args)
     import dataclasses
 
+    import optuna  # noqa: F401 - the engine: a missing extra is named before anything is written
+    import rich  # noqa: F401
+
     from .lineup import search_space
     from .runner import default_jobs, run_one
     from .study import Sweep, default_storage_url, open_storage, sweep_meta
@@ -355,6 +358,7 @@ def _trial_rows(tuned: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``optcore compare report``: the table and plots of a sweep, from its storage alone."""
+    import optuna  # noqa: F401 - a missing extra is named before anything is written
     from .study import Sweep, collect, open_storage
 
     if args.storage.startswith("sqlite:///") and not Path(args.storage[len("sqlite:///"):]).is_file():
