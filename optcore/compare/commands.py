@@ -329,7 +329,9 @@ def show_comparison(doc: Mapping[str, Any], out: Path, console: Any) -> None:
             written.append(out / "loss_curves_tuned.png")
         trials = _trial_rows(tuned)
         if trials:
-            plot_sweep(trials, meta, out / "tuning.png", loss_label)
+            task_steps = doc["summary"].split(", seeds ")[0]
+            tuning_meta = {**meta, "summary": f"{task_steps}, every tuning trial (seed {doc['protocol']['tuning_seed']})"}
+            plot_sweep(trials, tuning_meta, out / "tuning.png", loss_label)
             written.append(out / "tuning.png")
         if tuned["rows"]:
             render_table(tuned["rows"], meta, console)

@@ -152,6 +152,14 @@ def _point(point: Mapping[str, float] | None) -> str:
     return " ".join(f"{k}={v:.3g}" for k, v in (point or {}).items()) or "-"
 
 
+def _why_untuned(record: Mapping[str, Any], defaults: Mapping[str, Any] | None) -> str:
+    if record.get("tuned"):
+        return "-"
+    if defaults is not None and defaults["status"] != "ok":
+        return f"not tuned: {defaults['status']} at its defaults"
+    return "not tuned: no search space (no lr)"
+
+
 def render_protocol(doc: Mapping[str, Any], console: Any) -> None:
     """The tuned protocol side by side: each optimizer at its defaults and tuned
     with K trials (the best of each study, their median, the chosen point and its
@@ -182,7 +190,7 @@ def render_protocol(doc: Mapping[str, Any], console: Any) -> None:
             again["rank"] if again else "-",
             name,
             _loss(defaults["final"], defaults.get("final_sd")) if defaults else "-",
-            " ".join(_loss(s["best"]) for s in studies) or ("not tuned: no search space" if not record.get("tuned") else "-"),
+            " ".join(_loss(s["best"]) for s in studies) or _why_untuned(record, defaults),
             _loss(record.get("score")),
             _point((record.get("chosen") or {}).get("point")),
             _loss(again["final"], again.get("final_sd")) if again else "-",
