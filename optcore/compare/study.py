@@ -303,7 +303,7 @@ class Sweep:
     def tunable(self) -> list[str]:
         return [n for n in self.entries if self.meta["spaces"].get(n)] if self.protocol["trials"] else []
 
-    def _study(self, study_name: str, create: bool = False) -> Any:
+    def _study(self, study_name: str) -> Any:
         if study_name not in self._studies:
             optuna = _optuna()
             try:
@@ -531,7 +531,11 @@ class Sweep:
 
         def beat() -> None:
             while not beat_stop.wait(interval):
-                self.heartbeat([c.trial_id for c in list(inflight.values())])
+                try:
+                    running = [c.trial_id for c in list(inflight.values())]
+                except RuntimeError:  # the dict changed while read: beat at the next interval
+                    continue
+                self.heartbeat(running)
 
         beater = threading.Thread(target=beat, name="optcore-heartbeat", daemon=True)
         beater.start()
