@@ -330,6 +330,52 @@ def test_a_killed_workers_trial_is_run_again_by_another(tmp_path):
     assert _finished_slots(url, name) == {name: [0, 1]}  # each run exactly once
 
 
+def _run_children(pid: int) -> list[int]:
+    """The spawned run processes (multiprocessing's spawn_main) whose parent is ``pid``."""
+    children = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(stat).with_name("cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"spawn_main" in cmdline and fields[0] != "Z":
+            children.append(int(Path(stat).parent.name))
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_killed_workers_run_process_ends_with_it(tmp_path):
+    """SIGKILL leaves a daemon child running: the run's process watches its parent and
+    ends within seconds of it, so a killed worker's run stops taking a core."""
+    args = ["--optimizers", "torch:SGD", "--steps", "100000", "--seeds", "0", "--jobs", "1", "--quiet"]
+    worker = _worker(tmp_path, f"sqlite:///{tmp_path / 's.db'}", "s", "w", args)
+    deadline = time.monotonic() + 300
+    children: list[int] = []
+    while time.monotonic() < deadline and not children and worker.poll() is None:
+        time.sleep(0.5)
+        children = _run_children(worker.pid)
+    assert children, worker.communicate()[0] if worker.poll() is not None else "no run process started"
+    os.kill(worker.pid, signal.SIGKILL)  # the worker alone, not its process group
+    worker.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(c) for c in children):
+        time.sleep(0.5)
+    try:
+        assert not any(_alive(c) for c in children)
+    finally:
+        for c in children:
+            if _alive(c):
+                os.kill(c, signal.SIGKILL)
+
+
 # --------------------------------------------------------------- PostgreSQL
 def _postgres_bin() -> Path | None:
     found = shutil.which("initdb") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)), None)

@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import queue as queues
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,8 +56,19 @@ def _run_here(entry: dict[str, Any], settings: RunSettings, threads: int | None,
         torch.set_num_threads(before)
 
 
-def _worker(entry: dict[str, Any], settings: RunSettings, threads: int | None, channel: Any) -> None:
+def _exit_with(parent: int) -> None:
+    """End this process when ``parent`` is gone (killed: SIGKILL leaves a daemon child
+    running), so that a killed worker's run stops taking a core; its trial is run
+    again by another worker."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _worker(entry: dict[str, Any], settings: RunSettings, threads: int | None, channel: Any, parent: int = 0) -> None:
     """Body of the per-run process: run, stream progress, send the result."""
+    if parent:
+        threading.Thread(target=_exit_with, args=(parent,), name="optcore-parent-watch", daemon=True).start()
     every = max(1, settings.steps // 100)
 
     def report(step: int, loss: float, *_: Any) -> None:
@@ -77,7 +89,7 @@ def _run_isolated(
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     channel = ctx.Queue()
-    process = ctx.Process(target=_worker, args=(entry, settings, threads, channel), daemon=True)
+    process = ctx.Process(target=_worker, args=(entry, settings, threads, channel, os.getpid()), daemon=True)
     process.start()
     result = None
     try:
