@@ -69,12 +69,15 @@ def render_bench_core(data: dict[str, Any]) -> str:
 
 def render_compare(data: dict[str, Any]) -> str:
     from optcore.compare.report import describe, human_bytes
+    from optcore.compare.sweep import rank
+
+    ranked = rank([dict(r) for r in data["rows"]])  # the ranks (ties) the current rule gives the measured finals
 
     lines = [
         "| # | config (built) | lr | held-out final | best (step) | steps/s | state | B/param | skipped | status |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in data["rows"]:
+    for r in ranked:
         final = "-" if r["final"] is None else f"{r['final']:.3f}" + (f" ± {r['final_sd']:.3f}" if r.get("final_sd") else "")
         best = "-" if r["best"] is None else f"{r['best']:.3f} ({r['best_step']})"
         lines.append(
@@ -247,6 +250,38 @@ def plot_compare(data: dict[str, Any]) -> None:
     plot_curves(data["rows"], data["results"], meta, ROOT / "docs" / "img" / "compare.png")
 
 
+def render_compare_tasks(data: dict[str, Any]) -> str:
+    from optcore.compare.scoreboard import median_reached
+
+    scores = data["scores"]
+    n = len(scores["problems"])
+    lines = [
+        "| config | reached | steps to target (median) | seconds (median) | score by steps | score by seconds |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, entry in scores["optimizers"].items():
+        steps, seconds = median_reached(entry, "steps"), median_reached(entry, "seconds")
+        lines.append(
+            f"| {name} | {entry['reached']}/{n} | {'-' if steps is None else format(steps, 'g')} "
+            f"| {'-' if seconds is None else format(seconds, '.2f')} | {entry['score_steps']:.3f} "
+            f"| {'-' if entry['score_seconds'] is None else format(entry['score_seconds'], '.3f')} |"
+        )
+    targets = "; ".join(
+        f"{task} {t['loss']:.4g} (" + ("given" if t["source"] == "given" else f"set by {t['set_by']}'s runs") + ")"
+        for task, t in scores["targets"].items()
+    )
+    summaries = "; ".join(f"{task}: {t['summary']}" for task, t in data["tasks"].items())
+    lines += ["", f"Targets (held-out loss): {targets}. {summaries}."]
+    return "\n".join(lines)
+
+
+def plot_compare_tasks(data: dict[str, Any]) -> None:
+    from optcore.compare.scoreboard import plot_profile
+
+    title = f"{len(data['tasks'])} tasks ({', '.join(data['tasks'])})"
+    plot_profile(data["scores"], ROOT / "docs" / "img" / "choosing" / "tasks" / "profile.png", title)
+
+
 FIGURES: list[Figure] = [
     Figure(
         "road",
@@ -262,6 +297,15 @@ FIGURES: list[Figure] = [
         "optcore compare --out /tmp/c && cp /tmp/c/results.json docs/results/compare.json",
         render_compare,
         plot_compare,
+    ),
+    Figure(
+        "compare-tasks",
+        ROOT / "docs" / "choosing.md",
+        RESULTS / "compare_tasks.json",
+        "optcore compare --task char-lm,vision --optimizers torch:AdamW,optcore-lion:Lion,torch:SGD --seeds 0,1,2 "
+        "--target char-lm=2.35,vision=1.0 --out docs/img/choosing/tasks && cp docs/img/choosing/tasks/results.json docs/results/compare_tasks.json",
+        render_compare_tasks,
+        plot_compare_tasks,
     ),
     Figure(
         "timing-compare",

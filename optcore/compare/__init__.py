@@ -11,6 +11,8 @@ One module per role:
 - :mod:`.tuning`: equal tuning budgets (quasi-random points, median of the studies' bests, re-seeding)
 - :mod:`.study`: Optuna as the engine: every run a trial in a storage that workers share
 - :mod:`.report`: the rich table, the PNG plots and ``results.json``
+- :mod:`.scoring`: time to target, targets, performance profiles and the score (pure functions)
+- :mod:`.scoreboard`: ``--target`` and ``--task a,b,c``: the scores of a comparison, their table and plot
 - :mod:`.memory`: the ``optcore memory`` prediction (optimizer built on the meta device)
 - :mod:`.commands`: the argparse subcommands
 

@@ -127,9 +127,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .lineup import search_space
     from .runner import default_jobs, run_one
     from .study import Sweep, default_storage_url, open_storage, sweep_meta
+    from .scoreboard import compare_tasks, parse_target
     from .sweep import Budget, Run, parse_duration, parse_lrs
     from .tasks import load_task
 
+    if "," in (args.task or ""):  # several tasks: this command once per task, then the scores over all
+        return compare_tasks(args, cmd_compare, _out_dir(args))
+    target = parse_target(args.target, args.task)  # a bad --target fails before anything runs
     entries, options = _entries(args)
     settings = _settings(args, options)
     protocol, seeds = _protocol(args, settings.seed)
@@ -246,7 +250,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         live["interrupted"] = True
     live.update(complete=not live["interrupted"], cut=budget.describe_cuts(), elapsed_s=time.perf_counter() - started)
     doc = document()
-    show_comparison(doc, out, console)
+    show_comparison(doc, out, console, target)
     if doc["cut"]:
         console.print(f"[yellow]Budget[/yellow]: {doc['cut']}", highlight=False)
     if doc["interrupted"]:
@@ -297,7 +301,7 @@ def _pruning(claimed: Any, steps: int) -> Any:
     return check
 
 
-def show_comparison(doc: Mapping[str, Any], out: Path, console: Any) -> None:
+def show_comparison(doc: Mapping[str, Any], out: Path, console: Any, target: Any = None) -> None:
     """Write ``results.json`` and the plots of ``doc`` into ``out`` and print its
     tables: the live run and ``compare report`` show a comparison alike."""
     from .report import plot_curves, plot_sweep, print_notes, render_table, write_results
@@ -339,6 +343,9 @@ def show_comparison(doc: Mapping[str, Any], out: Path, console: Any) -> None:
         line = ranking_line(tuned["rows"])
         if line:
             console.print(f"Ranking of the tuned optimizers by re-seeded held-out final loss: {line}", highlight=False)
+    from .scoreboard import report_scores
+
+    written += report_scores(doc, out, console, target, part=tuned if tuned and tuned["rows"] else None)[1:]
     console.print(f"Wrote {', '.join(map(str, written))}")
 
 
@@ -459,6 +466,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--lr-sweep", type=int, nargs="?", const=3, metavar="N",
                    help="run each config at N lrs (default 3) on a 3x grid around its own lr; compare at the best")
     p.add_argument("--lrs", help="run each config at these lrs, e.g. 1e-3,3e-3,1e-2; compare at the best")
+    p.add_argument("--target", help="held-out loss to reach: steps and seconds to it, profile and score, e.g. 2.1 or "
+                   "char-lm=2.1,vision=0.4 with --task char-lm,vision (several tasks: a comparison each, scored "
+                   "together); default: set from the best config's runs, as AlgoPerf does")  # fmt: skip
     p.add_argument("--budget", help="stay within this wall time (90s, 10m, 1h): later runs are cut, and reported")
     p.add_argument("--out", help=f"directory for the results (default: a new {DEFAULT_OUT}/<date-time>/)")
     p.add_argument("--jobs", type=int, help="runs at a time, each in its own process (default: one per CPU core "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,9 @@ def render_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], con
         title=f"optcore compare: {meta['summary']}",
         caption=(
             f"held-out final: held-out loss at the end{' (mean ± sd over seeds ' + ','.join(map(str, seeds)) + ')' if len(seeds) > 1 else ''}; "
-            "rank: '=' marks a tie (mean ± sd overlap); lr: the chosen lr (* = best of a sweep); best: lowest "
-            "held-out loss at any evaluation; steps/s: training steps only; state: optimizer state (+ fp32 master "
+            "rank: '=' marks a tie (mean ± noise overlap; noise: the sd over seeds, at least 1% of the loss); "
+            "lr: the chosen lr (* = best of a sweep); best: lowest held-out loss at any evaluation; steps/s: training "
+            "steps only; state: optimizer state (+ fp32 master "
             f"copies for precision wrappers); peak RSS: {meta['memory_note']}"
         ),
     )
@@ -110,16 +112,63 @@ def write_results(path: Path, doc: Mapping[str, Any]) -> None:
 
 
 # -------------------------------------------------------------------- plots
-def _smooth(values: Sequence[float | None], window: int = 20) -> list[float | None]:
+#: The training-loss curves are smoothed over up to ``2 * SMOOTH_HALF + 1`` steps.
+SMOOTH_HALF = 10
+
+
+def smooth(values: Sequence[float | None], half: int = SMOOTH_HALF) -> list[float | None]:
+    """A centred moving average: each point is the mean of the ``half`` steps on either
+    side of it and itself, fewer (but as many on each side) at the two ends.
+
+    Centred, so a straight stretch of the curve stays where it is (a trailing
+    average lags a falling loss by half its window); shrinking symmetrically at
+    the ends, so the first point is the first loss and the curve has no seam
+    where a full window first fits. A window that holds a missing (non-finite)
+    loss gives None: the curve stops where the run diverged."""
     out: list[float | None] = []
-    recent: list[float] = []
-    for v in values:
-        if v is None:
-            out.append(None)
-            continue
-        recent = (recent + [v])[-window:]
-        out.append(sum(recent) / len(recent))
+    n = len(values)
+    for i in range(n):
+        k = min(half, i, n - 1 - i)
+        window = [v for v in values[i - k : i + k + 1] if v is not None]
+        out.append(sum(window) / len(window) if len(window) == 2 * k + 1 else None)
     return out
+
+
+def _mean_sd(columns: Sequence[Sequence[float | None]]) -> tuple[list[float], list[float]]:
+    """Pointwise mean and standard deviation (0 for one curve) of equally long curves,
+    up to the first point one of them lacks."""
+    mean: list[float] = []
+    sd: list[float] = []
+    for column in zip(*columns):
+        point = [v for v in column if v is not None]
+        if len(point) < len(column):
+            break
+        mean.append(statistics.fmean(point))
+        sd.append(statistics.stdev(point) if len(point) > 1 else 0.0)
+    return mean, sd
+
+
+def _finite_prefix(values: Sequence[float | None]) -> list[float | None]:
+    return list(values[: values.index(None)] if None in values else values)
+
+
+def row_curves(row: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the loss plot draws for one row: over the row's runs (its seeds at its
+    chosen lr) the mean and standard deviation of the smoothed training loss per
+    step and of the held-out loss per evaluation, as the table's mean ± sd is."""
+    # a config with no finished lr has runs at several lrs: its first run stands for it, as in the table
+    runs = [results[i] for i in (row["runs"] if row["status"] == "ok" else row["runs"][:1])]
+    trains = [smooth(_finite_prefix(r["losses"])) for r in runs]  # a diverged run's curve ends at its last loss
+    length = min(len(t) for t in trains) if trains else 0
+    train_mean, train_sd = _mean_sd([t[:length] for t in trains])
+    evals = [dict(r["val_losses"]) for r in runs]
+    steps = [s for s, _ in runs[0]["val_losses"] if all(s in e for e in evals)] if runs else []
+    val_mean, val_sd = _mean_sd([[e[s] for s in steps] for e in evals])
+    return {
+        "seeds": len(runs),
+        "train": (list(range(1, len(train_mean) + 1)), train_mean, train_sd),
+        "val": (steps[: len(val_mean)], val_mean, val_sd),
+    }
 
 
 def _pyplot() -> Any:
@@ -133,24 +182,31 @@ def _pyplot() -> Any:
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]], meta: Mapping[str, Any],
                 path: Path, loss_label: str = "loss") -> None:  # fmt: skip
-    """Training loss (smoothed) and held-out loss per config at its chosen lr
-    (its first seed), one colour each, zoomed on the last 90% of training."""
+    """Training loss (smoothed) and held-out loss per config at its chosen lr, one
+    colour each: the mean over its seeds with a band of ± one standard deviation
+    (the legend's mean ± sd), zoomed on the last 90% of training."""
     plt = _pyplot()
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(14, 5.2), dpi=110, layout="constrained")
-    shown = [(row, results[row["runs"][0]]) for row in rows if results[row["runs"][0]]["losses"]]
+    shown = [(row, row_curves(row, results)) for row in rows if row["runs"] and results[row["runs"][0]]["losses"]]
     colors = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20").colors
     late: list[float] = []
-    for i, (row, run) in enumerate(shown):
+    several = any(curves["seeds"] > 1 for _, curves in shown)
+    for i, (row, curves) in enumerate(shown):
         color = colors[i % len(colors)]
-        smooth = _smooth(run["losses"])
-        ax_train.plot(range(1, len(smooth) + 1), smooth, color=color, lw=1.4)
-        points = [(s, v) for s, v in run["val_losses"] if v is not None]
         label = f"{row['name']}  {_final(row)}" + ("" if row["status"] == "ok" else f" ({row['status']})")
-        ax_val.plot([s for s, _ in points], [v for _, v in points], color=color, lw=1.4, marker="o", ms=3, label=label)
-        cut = max(1, len(smooth) // 10)
-        late += [v for v in smooth[cut:] if v is not None] + [v for s, v in points if s >= cut]
-    for ax, title in ((ax_train, "training loss (moving average of 20 steps)"), (ax_val, "held-out loss")):
-        ax.set_title(title)
+        panels = ((ax_train, curves["train"], {}), (ax_val, curves["val"], {"marker": "o", "ms": 3}))
+        for ax, (xs, mean, sd), style in panels:
+            ax.plot(xs, mean, color=color, lw=1.4, label=label if ax is ax_val else None, **style)
+            if curves["seeds"] > 1:
+                ax.fill_between(xs, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)],
+                                color=color, alpha=0.18, lw=0)  # fmt: skip
+        xs, mean, _ = curves["train"]
+        cut = max(1, len(mean) // 10)
+        late += mean[cut:] + [v for s, v in zip(*curves["val"][:2]) if s >= cut]
+    over = " (mean over seeds, band ± sd)" if several else ""
+    titles = (f"training loss, centred moving average of {2 * SMOOTH_HALF + 1} steps{over}", f"held-out loss{over}")
+    for ax, title in zip((ax_train, ax_val), titles):
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if late:
@@ -158,7 +214,8 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str
             ax.set_ylim(low - 0.05 * (high - low) - 0.01, high + 0.1 * (high - low) + 0.01)
     ax_train.set_ylabel(loss_label)
     if shown:
-        fig.legend(title="config, held-out final", loc="outside right upper", fontsize=9, title_fontsize=9)
+        legend_title = "config, held-out final" + (" (mean ± sd)" if several else "")
+        fig.legend(title=legend_title, loc="outside right upper", fontsize=9, title_fontsize=9)
     fig.suptitle(f"optcore compare: {meta['summary']}", fontsize=11)
     fig.savefig(path)
     plt.close(fig)

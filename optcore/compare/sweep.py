@@ -202,33 +202,54 @@ def _max(values: Sequence[float | None]) -> float | None:
     return max(kept) if kept else None
 
 
+#: The noise assumed for one final loss where the seeds cannot measure it (one
+#: seed), and the least assumed where they can (two seeds estimate a spread
+#: badly): 1% of the loss. Measured on the built-in char-lm task (300 steps, 5
+#: seeds), the seed-to-seed standard deviation of the final held-out loss was
+#: 0.7% (Adam) to 2.7% (NAdam) of the loss.
+NOISE_REL = 0.01
+
+
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows best first (finished configs by mean final loss; the others last), each
-    with ``rank``: ``"1"``, ``"2="``, ``"2="``, ``"4"``... Neighbours whose
-    mean ± spread intervals overlap share a rank: the difference is within the
-    noise of the seeds, and the table says "tie" instead of ordering it."""
+    with ``rank``: ``"1"``, ``"2="``, ``"2="``, ``"4"``... and ``tie_with``.
+
+    Each finished row stands for an interval: its mean ± its noise, the larger
+    of the spread over its seeds and :data:`NOISE_REL` of the loss. Rows whose
+    intervals are connected by overlaps share a rank: the data cannot separate
+    them, so the table says "tie" instead of ordering them. Between two ranks
+    every pair is separated (each row of the better rank ends below every row
+    of the worse one)."""
     done = sorted((r for r in rows if r["final"] is not None), key=lambda r: r["final"])
     rest = [r for r in rows if r["final"] is None]
     groups: list[list[dict[str, Any]]] = []
-    for row in done:
-        if groups and _overlap(groups[-1][-1], row):
+    reach = -math.inf  # the highest upper end of the current group
+    for row in sorted(done, key=lambda r: _interval(r)[0]):
+        low, high = _interval(row)
+        if groups and low <= reach:
             groups[-1].append(row)
+            reach = max(reach, high)
         else:
             groups.append([row])
+            reach = high
     position = 1
+    ordered: list[dict[str, Any]] = []
     for group in groups:
+        group.sort(key=lambda r: r["final"])
         for row in group:
             row["rank"] = f"{position}=" if len(group) > 1 else str(position)
             row["tie_with"] = [r["name"] for r in group if r is not row]
         position += len(group)
+        ordered += group
     for row in rest:
         row["rank"], row["tie_with"] = "-", []
-    return done + rest
+    return ordered + rest
 
 
-def _overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    sa, sb = a["final_sd"] or 0.0, b["final_sd"] or 0.0
-    return a["final"] + sa >= b["final"] - sb if (sa or sb) else a["final"] == b["final"]
+def _interval(row: Mapping[str, Any]) -> tuple[float, float]:
+    """A row's final loss ± its noise (the seeds' spread, at least NOISE_REL of the loss)."""
+    noise = max(row.get("final_sd") or 0.0, NOISE_REL * abs(row["final"]))
+    return row["final"] - noise, row["final"] + noise
 
 
 def ranking_line(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -48,7 +48,7 @@ def empty_result(entry: Mapping[str, Any]) -> dict[str, Any]:
         "config": {k: v for k, v in entry.items() if k != "name"},
         "built": None, "seed": None, "lr": None,
         "status": "ok", "error": None, "optimizer_class": None, "n_params": None,
-        "losses": [], "val_losses": [], "final": None, "best": None, "best_step": None,
+        "losses": [], "val_losses": [], "eval_seconds": [], "final": None, "best": None, "best_step": None,
         "steps_per_s": None, "wall_s": None,
         "state_bytes": None, "master_bytes": None, "state_bytes_per_param": None,
         "peak_rss": None, "rss_before": None, "peak_rss_delta": None, "peak_rss_since": None,
@@ -108,23 +108,27 @@ def _train(
     batches = task.batches(settings.seed)
     torch.manual_seed(settings.seed)  # optimizers that draw random numbers draw the same ones
     eval_at = _eval_steps(settings.steps, settings.evals)
-    train_seconds, step = 0.0, 0
+    train_seconds, spent, step = 0.0, 0.0, 0  # spent: every training step's time, for the time to target
     try:
         result["val_losses"].append([0, _evaluate(task, optimizer, model, heldout)])
+        result["eval_seconds"].append(0.0)
         for step in range(1, settings.steps + 1):
             batch = to_device(next(batches), device)
             begin = time.perf_counter()
             loss = train_step(task, model, optimizer, batch)
             if scheduler is not None:
                 _step_scheduler(scheduler, loss)
-            if step > 1:  # the first step allocates the state lazily: not representative
-                train_seconds += time.perf_counter() - begin
+            took = time.perf_counter() - begin
+            spent += took
+            if step > 1:  # the first step allocates the state lazily: not representative of steps/s
+                train_seconds += took
             result["losses"].append(loss)
             if not math.isfinite(loss):
                 result["status"], result["error"] = "diverged", f"the training loss became {loss} at step {step}"
                 break
             if step in eval_at:
                 result["val_losses"].append([step, _evaluate(task, optimizer, model, heldout)])
+                result["eval_seconds"].append(spent)
             if report is not None:
                 report(step, loss, optimizer.param_groups[0].get("lr"))
     except Exception as exc:  # noqa: BLE001

@@ -1,0 +1,223 @@
+"""Time to target in ``optcore compare``: ``--target`` and ``--task a,b,c``.
+
+Reads what the compare command stored (``results.json``'s rows and runs) and
+adds, through :mod:`.scoring`, each optimizer's steps and seconds to the target
+loss, its performance profile and its AlgoPerf-style score: a ``scores``
+section in ``results.json``, a table, and ``profile.png`` where there are
+several problems (tasks or seeds). It needs nothing but the stored document, so
+a report rebuilt from stored runs shows the same scores as the live run.
+
+With several tasks, :func:`compare_tasks` runs the whole comparison once per
+task (each into its own folder, with its own table and plots) and then scores
+the optimizers over all of them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from optcore import ConfigError
+
+from . import scoring
+
+
+def runs_by_optimizer(
+    doc: Mapping[str, Any], task: str | None = None, part: Mapping[str, Any] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The runs that stand for each config of a compare document: its chosen lr's
+    runs (one per seed), tagged with ``task``. A config with no finished lr has
+    none: it misses every target. ``part``: another ``{"rows", "results"}``
+    section of the document to read them from (e.g. the re-seeded runs of a
+    tuned comparison), else the document's own."""
+    task = task if task is not None else doc["task"]["spec"]
+    part = part if part is not None else doc
+    results = part["results"]
+    return {
+        row["name"]: [{**results[i], "task": task} for i in row["runs"]] if row["status"] == "ok" else []
+        for row in part["rows"]
+    }
+
+
+def _targets(text: str | float | None, tasks: Sequence[str]) -> dict[str, float] | None:
+    if text is None:
+        return None
+    return {t: float(text) for t in tasks} if isinstance(text, (int, float)) else scoring.parse_targets(text, tasks)
+
+
+def parse_target(text: str | float | None, task: str | None) -> dict[str, float] | None:
+    """``--target`` for a comparison on one ``task`` (None: the default task): {task: loss},
+    or None (set from the runs)."""
+    from .tasks import DEFAULT_TASK
+
+    return _targets(text, [task or DEFAULT_TASK])
+
+
+def median_reached(entry: Mapping[str, Any], by: str) -> float | None:
+    """The median ``by`` ("steps" or "seconds") to target over the problems an
+    optimizer's :func:`.scoring.summarise` ``entry`` solved; None if it solved none."""
+    kept = [r[by] for r in entry["reach"] if r["steps"] is not None and r[by] is not None]
+    return statistics.median(kept) if kept else None
+
+
+def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
+    """The time-to-target table: per config the problems it solved, the median steps and
+    seconds over those, and the score by steps and by seconds (no rank: a score
+    summarises, it does not test a difference)."""
+    from rich.table import Table
+
+    from .report import fmt
+
+    def origin(t: Mapping[str, Any]) -> str:
+        if t["source"] == "given":
+            return "given"
+        return f"set by {t['set_by']}'s best runs" if t["set_by"] else "no reference finished"
+
+    targets = "; ".join(f"{task} {fmt(t['loss'], '.4g')} ({origin(t)})" for task, t in summary["targets"].items())
+    n = len(summary["problems"])
+    table = Table(
+        title=f"time to target: {title}",
+        caption=(
+            f"targets (held-out loss): {targets}. reached: problems (task x seed) where the held-out loss got to the "
+            f"target, at an evaluation; steps, seconds: median over those (training time, evaluations excluded); "
+            f"score: area under the performance profile up to {summary['max_tau']:g}x the fastest, / "
+            f"{summary['max_tau'] - 1:g} (1: fastest everywhere, 0: never within {summary['max_tau']:g}x; a miss "
+            "scores 0). By steps it repeats on this machine for the same torch build and seeds; by seconds it is this "
+            "machine's under its load, and does not repeat."
+        ),
+    )
+    for col in ("config", "reached", "steps", "seconds", "score (steps)", "score (seconds)"):
+        table.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
+    for name, entry in summary["optimizers"].items():
+        steps = median_reached(entry, "steps")
+        table.add_row(
+            name, f"{entry['reached']}/{n}", "miss" if steps is None else f"{steps:g}",
+            fmt(median_reached(entry, "seconds"), ".2f"),
+            fmt(entry["score_steps"], ".3f"), fmt(entry["score_seconds"], ".3f"),
+        )  # fmt: skip
+    console.print(table)
+    if any(t["source"] == "reference" for t in summary["targets"].values()):
+        console.print(
+            "[yellow]Note[/yellow]: a target set from the runs is the best config's own best held-out loss (the "
+            "median over its seeds), so that config reaches it near the end, and a config within the noise of it "
+            "can miss it. For a comparison of speed, give --target a loss the configs reach mid-training.",
+            highlight=False,
+        )
+
+
+def plot_profile(summary: Mapping[str, Any], path: Path, title: str) -> None:
+    """The performance profiles, by steps and by seconds: the fraction of problems each
+    config solved within tau times the fastest, for tau from 1 to ``max_tau``."""
+    from .report import _pyplot
+
+    plt = _pyplot()
+    entries = summary["optimizers"].values()
+    bys = [by for by in ("steps", "seconds") if all(e[f"score_{by}"] is not None for e in entries)]
+    fig, axes = plt.subplots(1, len(bys), figsize=(6.5 * len(bys), 4.8), dpi=110, layout="constrained", squeeze=False)
+    max_tau = summary["max_tau"]
+    taus = [1 + (max_tau - 1) * i / 600 for i in range(601)]
+    colors = plt.get_cmap("tab10" if len(summary["optimizers"]) <= 10 else "tab20").colors
+    for ax, by in zip(axes[0], bys):
+        profile = scoring.performance_profile(scoring.profile_times(summary, by), taus)
+        for i, (name, rho) in enumerate(profile.items()):
+            score = summary["optimizers"][name][f"score_{by}"]
+            ax.step(taus, rho, where="post", color=colors[i % len(colors)], lw=1.6, ls=("-", "--", "-.", ":")[i % 4],
+                    label=f"{name}  {score:.3f}")  # fmt: skip  (dashes keep equal profiles visible)
+        ax.set_xlim(1, max_tau)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel(f"{by} to target / the fastest config's (tau)")
+        ax.set_ylabel("fraction of problems solved within tau")
+        ax.set_title(f"by {by}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(title="config, score", fontsize=9, title_fontsize=9, loc="lower right")
+    fig.suptitle(f"performance profiles over {len(summary['problems'])} problems: {title}", fontsize=11)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def report_scores(
+    doc: dict[str, Any], out: Path, console: Any, target: Mapping[str, float] | None = None,
+    part: Mapping[str, Any] | None = None,
+) -> list[Path]:  # fmt: skip
+    """Score one comparison (``doc``, as written to ``results.json``) by time to target:
+    add ``doc["scores"]``, rewrite ``out/results.json``, print the table, and draw
+    ``out/profile.png`` where there are several problems. ``part``: score the runs
+    of that ``{"rows", "results"}`` section instead of the document's own (see
+    :func:`runs_by_optimizer`). Returns the files written."""
+    from .report import write_results
+
+    if not (part if part is not None else doc).get("rows"):
+        return []
+    spec = doc["task"]["spec"]
+    summary = scoring.summarise(runs_by_optimizer(doc, spec, part), target)
+    doc["scores"] = summary
+    write_results(out / "results.json", doc)
+    render_scores(summary, console, doc["summary"])
+    written = [out / "results.json"]
+    if len(summary["problems"]) > 1 and summary["targets"][spec]["loss"] is not None:
+        plot_profile(summary, out / "profile.png", doc["summary"])
+        written.append(out / "profile.png")
+    return written
+
+
+def task_folder(spec: str) -> str:
+    """A folder name for a ``--task`` spec (``examples/my_task.py:task`` -> ``examples_my_task.py_task``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_.") or "task"
+
+
+def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Namespace], int], out: Path) -> int:
+    """``optcore compare --task a,b,c``: the comparison on each task (into
+    ``out/<task>/``, each with its own table, plots and time to target), then the
+    scores over every (task, seed) problem together: ``out/results.json`` and
+    ``out/profile.png``."""
+    from rich.console import Console
+
+    from .report import write_results
+
+    tasks = [t.strip() for t in args.task.split(",") if t.strip()]
+    if len(set(tasks)) != len(tasks) or not tasks:
+        raise ConfigError(f"--task {args.task!r}: name each task once, e.g. --task char-lm,vision.",
+                          problems=[("task", args.task)])  # fmt: skip
+    targets = _targets(args.target, tasks) or {}
+    from .tasks import load_task
+
+    for task in tasks:  # a bad spec fails before the first task runs
+        load_task(task)
+    out.mkdir(parents=True, exist_ok=True)
+    docs: dict[str, dict[str, Any]] = {}
+    rc = 0
+    for task in tasks:
+        folder = out / task_folder(task)
+        one = argparse.Namespace(**{**vars(args), "task": task, "out": str(folder), "target": targets.get(task)})
+        rc = compare_one(one)
+        docs[task] = json.loads((folder / "results.json").read_text())
+        if rc:  # interrupted: score what finished, say so
+            break
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for task, doc in docs.items():
+        for name, mine in runs_by_optimizer(doc, task).items():
+            runs.setdefault(name, []).extend(mine)
+    summary = scoring.summarise(runs, targets)
+    title = f"{len(docs)} tasks ({', '.join(docs)})"
+    write_results(out / "results.json", {
+        "title": title,
+        "tasks": {task: {"folder": task_folder(task), "summary": doc["summary"], "complete": doc["complete"]}
+                  for task, doc in docs.items()},
+        "complete": rc == 0 and len(docs) == len(tasks), "scores": summary,
+    })  # fmt: skip
+    console = Console(soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(soft_wrap=False, width=150)
+    render_scores(summary, console, title)
+    written = [out / "results.json"]
+    if summary["problems"] and any(t["loss"] is not None for t in summary["targets"].values()):
+        plot_profile(summary, out / "profile.png", title)
+        written.append(out / "profile.png")
+    console.print(f"Wrote {', '.join(map(str, written))}")
+    return rc
+

@@ -1,0 +1,283 @@
+"""optcore.compare.scoring: time to target, AlgoPerf targets, performance profiles and the score,
+against hand-computed cases, AlgoPerf's own procedure (re-derived here with numpy) and properties."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import optcore
+from optcore.cli import main
+from optcore.compare import scoreboard, scoring
+
+INF = math.inf
+
+
+# ------------------------------------------------------------------ time to target
+def test_time_to_target_is_the_first_evaluation_at_or_below_the_target():
+    steps, losses, seconds = [0, 10, 20, 30], [3.0, 2.5, 2.0, 2.2], [0.0, 1.0, 2.1, 3.3]
+    hit = scoring.time_to_target(steps, losses, 2.2, seconds)
+    assert (hit.steps, hit.seconds, hit.reached) == (20, 2.1, True)
+    assert scoring.time_to_target(steps, losses, 2.5, seconds).steps == 10  # equal counts as reached
+    assert scoring.time_to_target(steps, losses, 3.5).steps == 0  # met before training
+    assert scoring.time_to_target(steps, losses, 2.2).seconds is None  # no times recorded
+
+
+def test_a_miss_and_a_diverged_run():
+    miss = scoring.time_to_target([0, 10, 20], [3.0, 2.5, 2.1], 2.0, [0.0, 1.0, 2.0])
+    assert (miss.steps, miss.seconds, miss.reached) == (None, None, False)
+    diverged = scoring.time_to_target([0, 10, 20], [3.0, None, None], 2.0)
+    assert not diverged.reached
+    assert scoring.time_to_target([0, 10, 20], [3.0, math.nan, 1.0], 2.0).steps == 20  # a NaN point is skipped
+
+
+def test_time_to_target_refuses_ragged_or_unordered_curves():
+    with pytest.raises(ValueError, match="one step and one loss"):
+        scoring.time_to_target([0, 10], [1.0], 1.0)
+    with pytest.raises(ValueError, match="one time"):
+        scoring.time_to_target([0, 10], [1.0, 0.5], 1.0, [0.0])
+    with pytest.raises(ValueError, match="step order"):
+        scoring.time_to_target([10, 0], [1.0, 0.5], 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.floats(0.0, 5.0)), min_size=1, max_size=12), st.floats(0.0, 5.0))
+def test_time_to_target_is_the_first_index_at_or_below(losses, target):
+    steps = [10 * i for i in range(len(losses))]
+    seconds = [0.5 * s for s in steps]
+    hit = scoring.time_to_target(steps, losses, target, seconds)
+    first = next((i for i, v in enumerate(losses) if v is not None and v <= target), None)
+    assert hit.steps == (None if first is None else steps[first])
+    assert hit.seconds == (None if first is None else seconds[first])
+
+
+# ------------------------------------------------------------------ targets
+def test_reference_target_is_the_best_median_of_each_references_best_losses():
+    # A: median(1.0, 1.2, 1.1) = 1.1; B: median(0.9, 2.0, failed=inf) = 2.0
+    assert scoring.reference_target({"A": [1.0, 1.2, 1.1], "B": [0.9, 2.0, None]}) == (1.1, "A")
+    assert scoring.reference_target({"A": [2.0], "B": [1.5]}) == (1.5, "B")  # one seed: the best run
+    assert scoring.reference_target({"A": [None], "B": []}) is None
+
+
+def test_parse_targets():
+    assert scoring.parse_targets("2.1", ["a", "b"]) == {"a": 2.1, "b": 2.1}
+    assert scoring.parse_targets("a=2.1, b=0.4", ["a", "b"]) == {"a": 2.1, "b": 0.4}
+    assert scoring.parse_targets("b=1e-2", ["a", "b"]) == {"b": 0.01}  # a: set from the references
+    for bad, message in (("x", "like 2.1"), ("c=1", "not compared here"), ("1,2", "one loss for every task"),
+                         ("", "named no loss"), ("a=inf", "like 2.1")):  # fmt: skip
+        with pytest.raises(optcore.ConfigError, match=message):
+            scoring.parse_targets(bad, ["a", "b"])
+
+
+# ------------------------------------------------------------------ profiles and the score
+HAND = {"A": [10.0, 20.0, INF], "B": [20.0, 10.0, 30.0]}
+# ratios: A 1, 2, inf; B 2, 1, 1
+
+
+def test_profile_by_hand():
+    assert scoring.profile_ratios(HAND) == {"A": [1.0, 2.0, INF], "B": [2.0, 1.0, 1.0]}
+    profile = scoring.performance_profile(HAND, [1.0, 1.5, 2.0, 4.0])
+    assert profile["A"] == pytest.approx([1 / 3, 1 / 3, 2 / 3, 2 / 3])
+    assert profile["B"] == pytest.approx([2 / 3, 2 / 3, 1.0, 1.0])
+
+
+def test_score_by_hand():
+    # area under rho from 1 to 4, / 3: A (3 + 2 + 0) / 9, B (2 + 3 + 3) / 9
+    assert scoring.profile_score(HAND) == pytest.approx({"A": 5 / 9, "B": 8 / 9})
+    assert scoring.profile_score({"A": [1.0], "B": [4.0]}) == {"A": 1.0, "B": 0.0}  # 4x the fastest earns nothing
+    assert scoring.profile_score({"A": [INF], "B": [INF]}) == {"A": 0.0, "B": 0.0}  # nobody solved it
+    assert scoring.profile_score({"A": [0.0], "B": [0.0]}) == {"A": 1.0, "B": 1.0}  # met before training
+
+
+def test_profiles_refuse_misaligned_or_negative_times():
+    with pytest.raises(ValueError, match="one time per problem"):
+        scoring.profile_score({"A": [1.0], "B": [1.0, 2.0]})
+    with pytest.raises(ValueError, match=">= 0 or inf"):
+        scoring.profile_score({"A": [-1.0]})
+    with pytest.raises(ValueError, match="above 1"):
+        scoring.profile_score(HAND, max_tau=1.0)
+
+
+def _algoperf(times: dict[str, list[float]], max_tau: float = 4.0, points: int = 100) -> dict[str, float]:
+    """AlgoPerf's procedure (scoring/performance_profile.py): ratios to the per-problem minimum,
+    rho at ``points`` evenly spaced taus in [1, max_tau], trapezoid area divided by the tau range."""
+    names = list(times)
+    table = np.array([times[n] for n in names], dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratios = table / table.min(axis=0)
+    taus = np.linspace(1.0, max_tau, points)
+    rho = np.stack([(ratios <= tau).sum(axis=1) / table.shape[1] for tau in taus], axis=1)
+    area = ((rho[:, 1:] + rho[:, :-1]) / 2 * np.diff(taus)).sum(axis=1) / (max_tau - 1)
+    return dict(zip(names, area.tolist()))
+
+
+TIMES = st.lists(st.one_of(st.floats(1.0, 1000.0), st.just(INF)), min_size=1, max_size=6)
+
+
+@st.composite
+def time_tables(draw: st.DrawFn) -> dict[str, list[float]]:
+    n = draw(st.integers(1, 6))
+    k = draw(st.integers(1, 4))
+    column = st.lists(st.one_of(st.floats(1.0, 1000.0), st.just(INF)), min_size=n, max_size=n)
+    return {f"opt{i}": draw(column) for i in range(k)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(time_tables())
+def test_score_is_algoperfs_up_to_its_grid(times):
+    exact, grid = scoring.profile_score(times), _algoperf(times)
+    for name in times:
+        assert 0.0 <= exact[name] <= 1.0
+        assert exact[name] == pytest.approx(grid[name], abs=3 / 99 + 1e-9)  # one grid step per problem at most
+    dense = _algoperf(times, points=30_001)
+    assert all(exact[n] == pytest.approx(dense[n], abs=1e-3) for n in times)
+
+
+@settings(max_examples=100, deadline=None)
+@given(time_tables(), st.floats(0.01, 100.0))
+def test_score_ignores_the_unit_of_time_and_rewards_being_fastest(times, unit):
+    scaled = {n: [t * unit for t in ts] for n, ts in times.items()}
+    assert scoring.profile_score(scaled) == pytest.approx(scoring.profile_score(times))
+    fastest = {**times, "best": [min(col) / 2 if math.isfinite(min(col)) else 1.0 for col in zip(*times.values())]}
+    assert scoring.profile_score(fastest)["best"] == 1.0  # fastest on every problem: the maximum
+
+
+# ------------------------------------------------------------------ summarise: runs as compare stores them
+def _run(seed: int, losses: list[float | None], task: str = "", every: int = 10, step_s: float = 0.1) -> dict:
+    steps = [i * every for i in range(len(losses))]
+    return {"seed": seed, "task": task, "val_losses": [[s, v] for s, v in zip(steps, losses)],
+            "eval_seconds": [s * step_s for s in steps]}  # fmt: skip
+
+
+def test_summarise_with_a_given_target():
+    runs = {
+        "fast": [_run(0, [3.0, 2.0, 1.5]), _run(1, [3.0, 2.4, 1.9])],
+        "slow": [_run(0, [3.0, 2.5, 2.0], step_s=0.05), _run(1, [3.0, 2.6, 2.3])],
+    }
+    s = scoring.summarise(runs, target=2.0)
+    assert s["targets"] == {"": {"loss": 2.0, "source": "given", "set_by": None}}
+    assert s["problems"] == [{"task": "", "seed": 0}, {"task": "", "seed": 1}]
+    fast, slow = s["optimizers"]["fast"], s["optimizers"]["slow"]
+    assert [(r["steps"], r["seconds"]) for r in fast["reach"]] == [(10, 1.0), (20, 2.0)]
+    assert [(r["steps"], r["seconds"]) for r in slow["reach"]] == [(20, 1.0), (None, None)]
+    assert (fast["reached"], slow["reached"], fast["of"]) == (2, 1, 2)
+    # by steps: fast 1, 1; slow 2, miss -> (3 + 3) / 6 and (2 + 0) / 6
+    assert (fast["score_steps"], slow["score_steps"]) == pytest.approx((1.0, 1 / 3))
+    # by seconds: seed 0 both at 1.0 s (slow steps are cheaper) -> ratio 1 each
+    assert (fast["score_seconds"], slow["score_seconds"]) == pytest.approx((1.0, 0.5))
+    times = scoring.profile_times(s, "steps")
+    assert times == {"fast": [10.0, 20.0], "slow": [20.0, INF]}
+
+
+def test_summarise_sets_the_target_from_the_references_and_scores_tasks_together():
+    runs = {
+        "A": [_run(0, [3.0, 2.0, 1.0], "a"), _run(1, [3.0, 2.0, 1.2], "a"), _run(0, [5.0, 4.0], "b")],
+        "B": [_run(0, [3.0, 1.4, 1.1], "a"), _run(1, [3.0, 1.3, 1.3], "a")],  # no run on task b: a miss
+    }
+    s = scoring.summarise(runs, target={"b": 4.5})
+    # task a: medians of best losses A 1.1, B 1.2 -> 1.1, set by A; task b: given
+    assert s["targets"]["a"] == {"loss": pytest.approx(1.1), "source": "reference", "set_by": "A"}
+    assert s["targets"]["b"]["source"] == "given"
+    assert [(p["task"], p["seed"]) for p in s["problems"]] == [("a", 0), ("a", 1), ("b", 0)]
+    assert [r["steps"] for r in s["optimizers"]["A"]["reach"]] == [20, None, 10]
+    assert [r["steps"] for r in s["optimizers"]["B"]["reach"]] == [20, None, None]  # 1.1 <= 1.1 at step 20
+    assert [r["ran"] for r in s["optimizers"]["B"]["reach"]] == [True, True, False]
+    # ratios A 1, miss, 1; B 1, miss, miss -> (3 + 0 + 3) / 9 and 3 / 9
+    assert s["optimizers"]["A"]["score_steps"] == pytest.approx(2 / 3)
+    assert s["optimizers"]["B"]["score_steps"] == pytest.approx(1 / 3)
+    only_b = scoring.summarise(runs, reference=["B"])
+    assert only_b["targets"]["a"]["set_by"] == "B" and only_b["targets"]["b"]["loss"] is None
+    with pytest.raises(optcore.ConfigError, match="not among"):
+        scoring.summarise(runs, reference=["C"])
+
+
+def test_summarise_counts_the_fastest_of_several_runs_of_one_problem_and_needs_times_for_seconds():
+    runs = {"A": [_run(0, [3.0, 2.5, 1.0]), _run(0, [3.0, 1.0, 1.0])], "B": [_run(0, [3.0, 1.0])]}
+    del runs["B"][0]["eval_seconds"]
+    s = scoring.summarise(runs, target=1.0)
+    assert s["optimizers"]["A"]["reach"][0]["steps"] == 10
+    assert s["optimizers"]["A"]["score_steps"] == 1.0 and s["optimizers"]["A"]["score_seconds"] is None
+
+
+# ------------------------------------------------------------------ the compare command
+def _compare(out, *extra: str, names: str = "AdamW,torch:SGD", steps: int = 6) -> int:
+    return main(["compare", "--optimizers", names, "--steps", str(steps), "--in-process", "--quiet",
+                 "--out", str(out), *extra])  # fmt: skip
+
+
+def test_compare_scores_time_to_target_and_draws_the_profile_over_seeds(tmp_path, capsys):
+
+    out = tmp_path / "out"
+    assert _compare(out, "--seeds", "0,1", "--target", "4.0") == 0
+    printed = capsys.readouterr().out
+    assert "time to target" in printed and "score (steps)" in printed and "profile.png" in printed
+    assert "give --target" not in printed
+    doc = json.loads((out / "results.json").read_text())
+    scores = doc["scores"]
+    assert scores["targets"] == {"char-lm": {"loss": 4.0, "source": "given", "set_by": None}}
+    assert scores["problems"] == [{"task": "char-lm", "seed": 0}, {"task": "char-lm", "seed": 1}]
+    for row in doc["rows"]:
+        reach = scores["optimizers"][row["name"]]["reach"]
+        for r, i in zip(reach, row["runs"]):
+            run = doc["results"][i]
+            assert len(run["eval_seconds"]) == len(run["val_losses"]) and run["eval_seconds"][0] == 0.0
+            first = next((s for s, v in run["val_losses"] if v is not None and v <= 4.0), None)
+            assert r["steps"] == first  # the first evaluation at or below the target, from the stored curve
+    assert (out / "profile.png").read_bytes()[:4] == b"\x89PNG"
+    # the scores come from the stored document alone: rebuilt, they are the live ones
+    rebuilt = scoring.summarise(scoreboard.runs_by_optimizer(doc), {"char-lm": 4.0})
+    assert rebuilt == scores
+
+
+def test_compare_without_a_target_sets_it_from_the_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _compare(out) == 0
+    assert "give --target" in capsys.readouterr().out  # and says what such a target is worth
+    doc = json.loads((out / "results.json").read_text())
+    target = doc["scores"]["targets"]["char-lm"]
+    best = {r["name"]: r["best"] for r in doc["results"]}
+    assert target["source"] == "reference" and target["loss"] == min(best.values())
+    assert best[target["set_by"]] == target["loss"]
+    assert not (out / "profile.png").exists()  # one problem: no profile to draw
+
+
+def test_a_bad_target_fails_before_anything_runs(tmp_path, capsys):
+    assert _compare(tmp_path / "out", "--target", "vision=2") == 1
+    assert "not compared here" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_compare_on_several_tasks_scores_them_together(tmp_path, capsys):
+    out = tmp_path / "out"
+    task = "examples/my_task.py:task"
+    assert _compare(out, "--task", f"char-lm,{task}", "--target", f"char-lm=4.0,{task}=10", steps=4) == 0
+    printed = capsys.readouterr().out
+    assert "2 tasks (char-lm, examples/my_task.py:task)" in printed
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] and sorted(doc["tasks"]) == ["char-lm", task]
+    for spec, entry in doc["tasks"].items():
+        one = json.loads((out / entry["folder"] / "results.json").read_text())
+        assert one["task"]["spec"] == spec and one["scores"]["targets"][spec]["source"] == "given"
+    assert [(p["task"], p["seed"]) for p in doc["scores"]["problems"]] == [("char-lm", 0), (task, 0)]
+    assert (out / "profile.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(optcore.ConfigError, match="each task once"):
+        scoreboard.compare_tasks(argparse.Namespace(task="a,a", target=None), lambda a: 0, tmp_path)
+
+
+def test_several_tasks_check_every_task_before_running_any(tmp_path, capsys):
+    assert _compare(tmp_path / "out", "--task", "char-lm,no-such-task") == 1
+    assert "no-such-task" in capsys.readouterr().err and not (tmp_path / "out" / "char-lm").exists()
+
+
+def test_scores_read_another_section_of_a_document_and_the_default_task():
+    run = {"seed": 0, "status": "ok", "val_losses": [[0, 3.0], [10, 1.0]], "eval_seconds": [0.0, 1.0]}
+    doc = {"task": {"spec": "char-lm"}, "rows": [{"name": "A", "status": "ok", "runs": [0]}], "results": [run],
+           "tuned": {"rows": [{"name": "A", "status": "ok", "runs": [1]}], "results": [{}, {**run, "seed": 7}]}}
+    assert [r["seed"] for r in scoreboard.runs_by_optimizer(doc)["A"]] == [0]
+    assert [r["seed"] for r in scoreboard.runs_by_optimizer(doc, part=doc["tuned"])["A"]] == [7]
+    assert scoreboard.parse_target("2.0", None) == {"char-lm": 2.0}  # no --task: the default one
