@@ -20,7 +20,7 @@ import torch
 
 import optcore
 
-HIDDEN = ("rich", "yaml", "matplotlib")
+HIDDEN = ("rich", "yaml", "matplotlib", "optuna")
 PRELUDE = textwrap.dedent(f"""
     import contextlib, io, json, sys, traceback
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -281,3 +282,25 @@ def test_scores_read_another_section_of_a_document_and_the_default_task():
     assert [r["seed"] for r in scoreboard.runs_by_optimizer(doc)["A"]] == [0]
     assert [r["seed"] for r in scoreboard.runs_by_optimizer(doc, part=doc["tuned"])["A"]] == [7]
     assert scoreboard.parse_target("2.0", None) == {"char-lm": 2.0}  # no --task: the default one
+
+
+def test_several_tuned_tasks_are_scored_by_their_re_seeded_runs(tmp_path):
+    """With --trials, each task's table scores the chosen points' re-seeded runs; the
+    scores over all tasks must read the same runs, not the runs at defaults."""
+    run = {"status": "ok", "val_losses": [[0, 3.0], [10, 1.0]], "eval_seconds": [0.0, 1.0]}
+
+    def compare_one(args):
+        folder = Path(args.out)
+        folder.mkdir(parents=True)
+        doc = {"task": {"spec": args.task}, "summary": args.task, "complete": True,
+               "rows": [{"name": "A", "status": "ok", "runs": [0]}], "results": [{**run, "seed": 0}],
+               "tuned": {"rows": [{"name": "A", "status": "ok", "runs": [0, 1]}],
+                         "results": [{**run, "seed": 1}, {**run, "seed": 2}]}}
+        (folder / "results.json").write_text(json.dumps(doc))
+        return 0
+
+    args = argparse.Namespace(task="char-lm,vision", target="char-lm=2.0,vision=2.0")
+    assert scoreboard.compare_tasks(args, compare_one, tmp_path) == 0
+    scores = json.loads((tmp_path / "results.json").read_text())["scores"]
+    assert [(p["task"], p["seed"]) for p in scores["problems"]] == [
+        ("char-lm", 1), ("char-lm", 2), ("vision", 1), ("vision", 2)]

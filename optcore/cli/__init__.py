@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 #: the optional packages the applications import, and the extra that installs each
-EXTRAS = {"rich": "compare", "matplotlib": "compare", "yaml": "yaml"}
+EXTRAS = {"rich": "compare", "matplotlib": "compare", "optuna": "compare", "yaml": "yaml"}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,8 @@ One module per role:
 - :mod:`.probes`: optimizer-state bytes and peak-memory probes
 - :mod:`.runner`: a run in a fresh process (spawn isolation)
 - :mod:`.sweep`: seeds x learning rates, the time budget, and the per-config summary
+- :mod:`.tuning`: equal tuning budgets (quasi-random points, median of the studies' bests, re-seeding)
+- :mod:`.study`: Optuna as the engine: every run a trial in a storage that workers share
 - :mod:`.report`: the rich table, the PNG plots and ``results.json``
 - :mod:`.scoring`: time to target, targets, performance profiles and the score (pure functions)
 - :mod:`.scoreboard`: ``--target`` and ``--task a,b,c``: the scores of a comparison, their table and plot
@@ -15,5 +17,5 @@ One module per role:
 - :mod:`.commands`: the argparse subcommands
 
 Importing this package, :mod:`.lineup` or :mod:`.commands` is cheap (no torch,
-rich or matplotlib): the CLI imports them to add its subcommands.
+rich, matplotlib or optuna): the CLI imports them to add its subcommands.
 """

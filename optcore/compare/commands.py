@@ -8,6 +8,8 @@ modules it runs (torch, rich, matplotlib) when it runs.
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -18,6 +20,8 @@ from .._errors import ConfigError
 
 DEFAULT_STEPS = 300
 DEFAULT_OUT = "optcore-compare"
+DEFAULT_TASK = "char-lm"  # optcore.compare.tasks.DEFAULT_TASK (not imported: it imports torch)
+DEFAULT_STUDY = "compare"  # optcore.compare.study.DEFAULT_STUDY
 
 
 def _settings(args: argparse.Namespace, file_options: Mapping[str, Any]) -> Any:
@@ -34,7 +38,7 @@ def _settings(args: argparse.Namespace, file_options: Mapping[str, Any]) -> Any:
     seed = args.seed if args.seed is not None else int(file_options.get("seed", 0))
     if steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {steps}.", problems=[("steps", "< 1")])
-    return RunSettings(steps=steps, seed=seed, device=device, task=args.task)
+    return RunSettings(steps=steps, seed=seed, device=device, task=args.task or DEFAULT_TASK)
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
@@ -69,16 +73,62 @@ def _entries(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, 
     return entries, options
 
 
+#: Flags that define a sweep: a worker that gives none of them joins a stored sweep as it is.
+SWEEP_FLAGS = ("optimizers", "config", "steps", "seed", "seeds", "task", "lr_sweep", "lrs", "trials", "studies",
+               "algoperf", "prune", "sampler")  # fmt: skip
+
+
+def _protocol(args: argparse.Namespace, seed: int) -> tuple[dict[str, Any], list[int]]:
+    """The tuning protocol of the flags, and the seeds the configs run on."""
+    from .sweep import parse_seeds
+    from .tuning import ALGOPERF_STUDIES, ALGOPERF_TRIALS, DEFAULT_RESEEDS
+
+    trials, studies = args.trials, args.studies
+    if args.algoperf:
+        trials = ALGOPERF_TRIALS if trials is None else trials
+        studies = ALGOPERF_STUDIES if studies is None else studies
+    trials, studies = trials or 0, 1 if studies is None else studies
+    if trials < 0:
+        raise ConfigError(f"--trials must be at least 1, got {trials}.", problems=[("trials", "< 1")])
+    if studies < 1:
+        raise ConfigError(f"--studies must be at least 1, got {studies}.", problems=[("studies", "< 1")])
+    if studies > 1 and not trials:
+        raise ConfigError("--studies repeats the tuning of --trials: give --trials K too (or --algoperf).",
+                          problems=[("studies", "without --trials")])  # fmt: skip
+    if args.prune and not trials:
+        raise ConfigError("--prune stops tuning trials early: give --trials K too.", problems=[("prune", "no trials")])
+    if args.prune and args.in_process:
+        raise ConfigError("--prune stops a trial's process: drop --in-process.", problems=[("prune", "in-process")])
+    if args.seeds:
+        seeds = parse_seeds(args.seeds)
+    elif trials:  # re-seed the chosen config on seeds the tuning did not pick it on
+        seeds = [seed + i for i in range(1, DEFAULT_RESEEDS + 1)]
+    else:
+        seeds = [seed]
+    protocol = {"trials": trials, "studies": studies, "sampler": args.sampler or "sobol", "sampler_seed": seed,
+                "tuning_seed": seed, "prune": bool(args.prune)}  # fmt: skip
+    return protocol, seeds
+
+
+def _hide_password(url: str) -> str:
+    from .study import _hide_password as hide
+
+    return hide(url)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
+    if getattr(args, "compare_command", None) == "report":
+        return cmd_report(args)
     import dataclasses
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    import optuna  # noqa: F401 - the engine: a missing extra is named before anything is written
+    import rich  # noqa: F401
 
-    from .report import plot_curves, plot_sweep, print_notes, render_table, write_results
-    from .runner import default_jobs, run_all, run_one
-    from .sweep import Budget, parse_duration, parse_lrs, parse_seeds, plan, ranking_line, summarise
-    from .scoreboard import compare_tasks, parse_target, report_scores
+    from .lineup import search_space
+    from .runner import default_jobs, run_one
+    from .study import Sweep, default_storage_url, open_storage, sweep_meta
+    from .scoreboard import compare_tasks, parse_target
+    from .sweep import Budget, Run, parse_duration, parse_lrs
     from .tasks import load_task
 
     if "," in (args.task or ""):  # several tasks: this command once per task, then the scores over all
@@ -86,118 +136,251 @@ def cmd_compare(args: argparse.Namespace) -> int:
     target = parse_target(args.target, args.task)  # a bad --target fails before anything runs
     entries, options = _entries(args)
     settings = _settings(args, options)
-    seeds = parse_seeds(args.seeds) if args.seeds else [settings.seed]
+    protocol, seeds = _protocol(args, settings.seed)
     if args.lrs and args.lr_sweep:
         raise ConfigError("Give --lr-sweep or --lrs, not both.")
     lrs = parse_lrs(args.lrs) if args.lrs else None
     budget = Budget(parse_duration(args.budget) if args.budget else None)
-    runs = plan(entries, seeds, args.lr_sweep, lrs)
-    task = load_task(settings.task)  # fails early, with its message, on a bad --task
-    out = _out_dir(args)
-    out.mkdir(parents=True, exist_ok=True)
-    console = Console(soft_wrap=False)
-    if not console.is_terminal:  # a log file or a pipe: room for the whole table
-        console = Console(soft_wrap=False, width=150)
     jobs = args.jobs if args.jobs is not None else default_jobs(args.threads, settings.device, args.in_process)
     if jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}.", problems=[("jobs", "< 1")])
     if jobs > 1 and args.in_process:
         raise ConfigError("--in-process runs one config at a time; drop --jobs or --in-process.",
                           problems=[("jobs", "needs fresh processes")])  # fmt: skip
+    task = load_task(settings.task)  # fails early, with its message, on a bad --task
+    spaces = {e["name"]: search_space(e) for e in entries} if protocol["trials"] else {}
+    out = _out_dir(args)
+    out.mkdir(parents=True, exist_ok=True)
+    url = args.storage or default_storage_url(out)
     isolation = "in-process" if args.in_process else "one fresh process per run (spawn)"
     if jobs > 1:
         isolation += f", {jobs} at a time"
-    summary = f"{task.describe()}, {settings.steps} steps, seeds {','.join(map(str, seeds))}, {settings.device}"
     memory_note = (
         "peak resident memory of the run's own process, and its growth (Δ) from just before the optimizer was built"
         if not args.in_process
         else "peak resident memory since the run started (kernel peak mark reset; the process's earlier "
         "allocations are included), and its growth (Δ) from just before the optimizer was built"
     )
-    meta = {"summary": summary, "memory_note": memory_note, "seeds": seeds}
-    doc: dict[str, Any] = {
-        "task": {"spec": settings.task, "name": task.name, "description": task.describe()},
-        "settings": {"steps": settings.steps, "seeds": seeds, "device": settings.device, "threads": args.threads,
-                     "jobs": jobs,
-                     "isolation": isolation, "lr_sweep": args.lr_sweep, "lrs": lrs, "budget_s": budget.seconds},
-        "summary": summary, "memory_note": memory_note, "complete": False, "interrupted": False,
-        "planned_runs": len(runs), "results": [], "rows": [], "cut": None,
-    }  # fmt: skip
+    meta = sweep_meta(
+        entries, spaces, task={"spec": settings.task, "name": task.name, "description": task.describe()},
+        steps=settings.steps, seeds=seeds, lr_sweep=args.lr_sweep, lrs=lrs, protocol=protocol,
+        extra={"summary": f"{task.describe()}, {settings.steps} steps, seeds {','.join(map(str, seeds))}, "
+               f"{settings.device}", "memory_note": memory_note, "loss_label": getattr(task, "loss_label", "loss"),
+               "settings": {"device": settings.device, "threads": args.threads, "jobs": jobs, "isolation": isolation}},
+    )  # fmt: skip
+    explicit = not args.storage or any(getattr(args, flag, None) not in (None, False) for flag in SWEEP_FLAGS)
+    sweep = Sweep.open(open_storage(url, args.heartbeat), args.study, meta, explicit=explicit)
+    meta = sweep.meta  # a worker that joins runs the stored sweep
+    settings = dataclasses.replace(settings, steps=meta["steps"], task=meta["task"]["spec"])
+    console = _console()
+    planned = sweep.planned()
+    tuning = f", {protocol['trials']} trials x {protocol['studies']} studies per optimizer" if protocol["trials"] else ""
     console.print(
-        f"Comparing {len(entries)} configs ({len(runs)} runs: lrs x seeds {','.join(map(str, seeds))}), "
+        f"Comparing {len(meta['entries'])} configs ({planned} runs{tuning}: seeds {','.join(map(str, meta['seeds']))}), "
         f"{settings.steps} steps each on {settings.device}, {isolation}; results go to {out}/"
+        + (f" (sweep {args.study!r} in {_hide_password(url)})" if args.storage else "")
     )
-    results: list[dict[str, Any]] = doc["results"]
-    per_config = {e["name"]: sum(r.config == e["name"] for r in runs) for e in entries}
-    order = {id(run): i for i, run in enumerate(runs)}
-    finished: list[tuple[int, dict[str, Any]]] = []
+    settings_doc = {"steps": settings.steps, "seeds": meta["seeds"], "device": settings.device, "threads": args.threads,
+                    "jobs": jobs, "isolation": isolation, "lr_sweep": meta["lr_sweep"], "lrs": meta["lrs"],
+                    "budget_s": budget.seconds, "storage": _hide_password(url), "study": args.study}  # fmt: skip
+    live: dict[str, Any] = {"settings": settings_doc, "complete": False, "interrupted": False, "cut": None}
     started = time.perf_counter()
+
+    def document() -> dict[str, Any]:
+        from .study import collect
+
+        return {**collect(sweep), **live}
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .report import write_results
+
     columns = (
         TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("train loss {task.fields[loss]} {task.fields[at]}"), TimeElapsedColumn(),
     )  # fmt: skip
+    per_config = _planned_per_config(sweep)
     try:
         with Progress(*columns, console=console, disable=args.quiet) as progress:
             bars = {name: progress.add_task(name[:22], total=n * settings.steps, loss="-", at="", start=False)
                     for name, n in per_config.items()}  # fmt: skip
-            steps_done: dict[int, int] = {}  # plan index -> steps trained (finished runs: all of them)
+            done_steps: dict[str, int] = dict.fromkeys(per_config, 0)
 
-            def show(run: Any, step: int, loss: float | None = None) -> None:
-                steps_done[order[id(run)]] = step
-                bar = bars[run.config]
-                completed = sum(steps_done.get(order[id(r)], 0) for r in runs if r.config == run.config)
-                at = f"(lr {run.lr:g}, seed {run.seed})" if run.lr is not None else f"(seed {run.seed})"
-                fields = {"loss": f"{loss:.3f}", "at": at} if loss is not None else {}
+            def show(claimed: Any, step: int, loss: float | None = None) -> None:
+                bar = bars[claimed.config]
+                at = f"(lr {claimed.lr:.3g}, seed {claimed.seed})" if claimed.lr is not None else f"(seed {claimed.seed})"
+                fields = {"loss": f"{loss:.3f}", "at": f"{claimed.phase} {at}"} if loss is not None else {}
                 progress.start_task(bar)
-                progress.update(bar, completed=completed, **fields)
+                progress.update(bar, completed=done_steps[claimed.config] + step, **fields)
 
-            def execute(run: Any, stop: Any) -> dict[str, Any]:
+            def execute(claimed: Any) -> dict[str, Any]:
+                prune = _pruning(claimed, settings.steps) if protocol["prune"] and claimed.phase == "tune" else None
+
+                def report(step: int, loss: float) -> None:
+                    show(claimed, step, loss)
+                    if prune is not None:
+                        prune(step, loss)
+
                 begin = time.perf_counter()
-                result = run_one(run.entry, dataclasses.replace(settings, seed=run.seed), not args.in_process,
-                                 args.threads, lambda step, loss: show(run, step, loss), stop)  # fmt: skip
-                result["_wall"] = time.perf_counter() - begin
+                result = run_one(claimed.entry, dataclasses.replace(settings, seed=claimed.seed), not args.in_process,
+                                 args.threads, report, claimed.stop)  # fmt: skip
+                if prune is not None and claimed.attrs.get("pruned_at"):
+                    result.update(status="pruned", error=None, pruned_at=claimed.attrs["pruned_at"])
+                result["name"], result["seed"], result["phase"] = claimed.config, claimed.seed, claimed.phase
+                result["worker"] = f"{socket.gethostname()}:{os.getpid()}"
+                if claimed.lr is not None:
+                    result["lr"] = claimed.lr
+                result["trial_wall_s"] = time.perf_counter() - begin
                 return result
 
-            def record(run: Any, result: dict[str, Any]) -> None:
-                result["name"], result["seed"] = run.config, run.seed
-                if run.lr is not None:
-                    result["lr"] = run.lr
-                budget.record(run, result.pop("_wall"))
-                show(run, settings.steps)
-                if result["status"] != "ok":
-                    progress.update(bars[run.config], description=f"{run.config[:15]} {result['status']}")
-                finished.append((order[id(run)], result))
-                results[:] = [r for _, r in sorted(finished, key=lambda pair: pair[0])]  # plan order
-                write_results(out / "results.json", doc)  # an interrupted run keeps what finished
+            def admit(claimed: Any) -> bool:
+                return budget.allows(Run(claimed.config, claimed.entry, claimed.lr, claimed.seed),
+                                     time.perf_counter() - started)  # fmt: skip
 
-            run_all(runs, execute, jobs=jobs, admit=lambda run: budget.allows(run, time.perf_counter() - started),
-                    finished=record)  # fmt: skip
+            def finished(claimed: Any, result: dict[str, Any]) -> None:
+                budget.record(Run(claimed.config, claimed.entry, claimed.lr, claimed.seed), result["trial_wall_s"])
+                done_steps[claimed.config] += settings.steps
+                show(claimed, 0)
+                if result["status"] not in ("ok", "pruned"):
+                    progress.update(bars[claimed.config], description=f"{claimed.config[:15]} {result['status']}")
+                write_results(out / "results.json", document())  # an interrupted run keeps what finished
+
+            sweep.run(execute, jobs=jobs, admit=admit, finished=finished)
     except KeyboardInterrupt:
-        doc["interrupted"] = True
-    rows = summarise(entries, results)
-    doc.update(rows=rows, complete=not doc["interrupted"], cut=budget.describe_cuts(),
-               elapsed_s=time.perf_counter() - started)  # fmt: skip
+        live["interrupted"] = True
+    live.update(complete=not live["interrupted"], cut=budget.describe_cuts(), elapsed_s=time.perf_counter() - started)
+    doc = document()
+    show_comparison(doc, out, console, target)
+    if doc["cut"]:
+        console.print(f"[yellow]Budget[/yellow]: {doc['cut']}", highlight=False)
+    if doc["interrupted"]:
+        console.print(f"[yellow]Interrupted[/yellow]: kept the {len(doc['results'])} finished runs of "
+                      f"{doc['planned_runs']}; the same command resumes the sweep.")  # fmt: skip
+    return 130 if doc["interrupted"] else 0
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    console = Console(soft_wrap=False)
+    if not console.is_terminal:  # a log file or a pipe: room for the whole table
+        console = Console(soft_wrap=False, width=150)
+    return console
+
+
+def _planned_per_config(sweep: Any) -> dict[str, int]:
+    from .sweep import plan
+
+    meta = sweep.meta
+    counts = {e["name"]: 0 for e in meta["entries"]}
+    for run in plan(meta["entries"], meta["seeds"], meta["lr_sweep"], meta["lrs"]):
+        counts[run.config] += 1
+    for name in sweep.tunable():
+        counts[name] += sweep.protocol["trials"] * sweep.protocol["studies"] + len(meta["seeds"])
+    return counts
+
+
+def _pruning(claimed: Any, steps: int) -> Any:
+    """Report the training loss (mean of the last reports) to the trial at tenths of
+    the run and stop the trial's process when Optuna's pruner says so."""
+    every = max(1, steps // 10)
+    recent: list[float] = []
+    last = [0]
+
+    def check(step: int, loss: float) -> None:
+        recent.append(loss)
+        del recent[:-5]
+        if step - last[0] < every or claimed.stop.is_set():
+            return
+        last[0] = step
+        claimed.trial.report(sum(recent) / len(recent), step)
+        if claimed.trial.should_prune():
+            claimed.attrs["pruned_at"] = step
+            claimed.stop.set()
+
+    return check
+
+
+def show_comparison(doc: Mapping[str, Any], out: Path, console: Any, target: Any = None) -> None:
+    """Write ``results.json`` and the plots of ``doc`` into ``out`` and print its
+    tables: the live run and ``compare report`` show a comparison alike."""
+    from .report import plot_curves, plot_sweep, print_notes, render_table, write_results
+    from .sweep import ranking_line
+
     write_results(out / "results.json", doc)
-    loss_label = getattr(task, "loss_label", "loss")
+    loss_label = doc.get("loss_label") or "loss"
+    meta = {"summary": doc["summary"], "memory_note": doc["memory_note"], "seeds": doc["protocol"]["seeds"]}
+    rows, results = doc["rows"], doc["results"]
     written = [out / "results.json"]
+    tuned = doc.get("tuned")
     if rows:
         plot_curves(rows, results, meta, out / "loss_curves.png", loss_label)
         written.append(out / "loss_curves.png")
         if any(r["swept"] for r in rows):
             plot_sweep(rows, meta, out / "lr_sweep.png", loss_label)
             written.append(out / "lr_sweep.png")
-        render_table(rows, meta, console)
+        if not tuned:
+            render_table(rows, meta, console)
         print_notes(rows, results, console)
         line = ranking_line(rows)
-        if line:
+        if line and not tuned:
             console.print(f"Ranking by held-out final loss: {line}", highlight=False)
-        written += report_scores(doc, out, console, target)[1:]
-    if doc["cut"]:
-        console.print(f"[yellow]Budget[/yellow]: {doc['cut']}", highlight=False)
-    if doc["interrupted"]:
-        console.print(f"[yellow]Interrupted[/yellow]: kept the {len(results)} finished runs of {len(runs)}.")
+    if tuned:
+        from .tuning import render_protocol
+
+        if tuned["rows"]:
+            plot_curves(tuned["rows"], tuned["results"], meta, out / "loss_curves_tuned.png", loss_label)
+            written.append(out / "loss_curves_tuned.png")
+        trials = _trial_rows(tuned)
+        if trials:
+            task_steps = doc["summary"].split(", seeds ")[0]
+            tuning_meta = {**meta, "summary": f"{task_steps}, every tuning trial (seed {doc['protocol']['tuning_seed']})"}
+            plot_sweep(trials, tuning_meta, out / "tuning.png", loss_label)
+            written.append(out / "tuning.png")
+        if tuned["rows"]:
+            render_table(tuned["rows"], meta, console)
+        render_protocol(doc, console)
+        line = ranking_line(tuned["rows"])
+        if line:
+            console.print(f"Ranking of the tuned optimizers by re-seeded held-out final loss: {line}", highlight=False)
+    from .scoreboard import report_scores
+
+    written += report_scores(doc, out, console, target, part=tuned if tuned and tuned["rows"] else None)[1:]
     console.print(f"Wrote {', '.join(map(str, written))}")
-    return 130 if doc["interrupted"] else 0
+
+
+def _trial_rows(tuned: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each tuned optimizer's trials as plot_sweep's rows: final loss against lr,
+    the chosen trial ringed, diverged lrs marked."""
+    rows = []
+    for name, record in tuned["optimizers"].items():
+        trials = [t for s in record["studies"] for t in s["trials"] if t.get("lr") is not None]
+        if not trials:
+            continue
+        sweep = sorted(({"lr": t["lr"], "mean": t["final"] if t["status"] == "ok" else None, "sd": None,
+                         "status": t["status"]} for t in trials), key=lambda p: p["lr"])  # fmt: skip
+        chosen = record["chosen"]
+        rows.append({"name": name, "swept": True, "sweep": sweep, "lr": chosen["lr"] if chosen else None,
+                     "final": chosen["score"] if chosen else None})  # fmt: skip
+    return rows
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``optcore compare report``: the table and plots of a sweep, from its storage alone."""
+    import optuna  # noqa: F401 - a missing extra is named before anything is written
+    from .study import Sweep, collect, open_storage
+
+    if args.storage.startswith("sqlite:///") and not Path(args.storage[len("sqlite:///"):]).is_file():
+        raise ConfigError(f"No such SQLite file: {args.storage[len('sqlite:///'):]} (a comparison's storage is "
+                          "optuna.db in its --out folder: --storage sqlite:///OUT/optuna.db).",
+                          problems=[("storage", "missing")])  # fmt: skip
+    sweep = Sweep.open(open_storage(args.storage), args.study, None)
+    out = _out_dir(args)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {**collect(sweep), "settings": {**sweep.meta.get("settings", {}), "storage": _hide_password(args.storage),
+                                          "study": args.study}}  # fmt: skip
+    show_comparison(doc, out, _console())
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -253,7 +436,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seed of the model, the batches and the optimizer (default 0)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument(
-        "--task", default="char-lm",
+        "--task",
         help="what to train: char-lm (default), hf-llama (needs transformers), vision, or your own "
         "package.module:name / path/to/file.py:name (see `optcore.compare.tasks`)",
     )  # fmt: skip
@@ -270,7 +453,8 @@ def add_commands(sub: Any) -> None:
         "compare",
         help="train a small model with several optimizers; table, loss plot and JSON side by side",
         description="Train the same small model on the same data with several optimizer configs (per seed, per lr "
-        "of a sweep) and compare held-out loss, speed, optimizer-state memory, peak memory and skipped fp16 steps.",
+        "of a sweep, or tuned with an equal budget of trials) and compare held-out loss, speed, optimizer-state "
+        "memory, peak memory and skipped fp16 steps. Every run is an Optuna trial.",
         epilog="Default line-up (the installed ones): AdamW, Adam, NAdam, SGD, RMSprop, Adagrad, Lion, Adafactor, "
         "Prodigy, ScheduleFreeAdamW, at the learning rates of optcore.compare.lineup.DEFAULTS.",
     )
@@ -292,6 +476,38 @@ def add_commands(sub: Any) -> None:
                    "steps/s")  # fmt: skip
     p.add_argument("--in-process", action="store_true", help="run every config in this process (faster start)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    tune = p.add_argument_group(
+        "tuning (equal budgets, AlgoPerf's external-tuning rule)",
+        "Each optimizer gets K quasi-random points from its search space (optcore.compare.lineup.DEFAULTS, or a "
+        "config's search_space); its score is the median over studies of each study's best; the point behind the "
+        "score is run again on --seeds (default: 3 seeds after --seed) and ranked by their mean ± sd.",
+    )
+    tune.add_argument("--trials", type=int, metavar="K", help="tune each optimizer with K quasi-random points")
+    tune.add_argument("--studies", type=int, metavar="S", help="repeat the tuning S times with other sampler seeds "
+                      "(default 1); the score is the median of the S bests")  # fmt: skip
+    tune.add_argument("--algoperf", action="store_true", help="AlgoPerf's budget: --trials 5 --studies 3")
+    tune.add_argument("--sampler", choices=("sobol", "halton"), help="the quasi-random sequence (default sobol)")
+    tune.add_argument("--prune", action="store_true", help="stop tuning trials whose training loss is above the "
+                      "median of the study's trials at the same step (Optuna's MedianPruner); reported per optimizer")
+    sweep = p.add_argument_group(
+        "storage (Optuna)",
+        "Every run is an Optuna trial. The sweep lives in an Optuna storage: by default optuna.db in --out, so the "
+        "same command with the same --out resumes it; with --storage, the same command on several machines shares "
+        "one sweep, each taking the next trials.",
+    )
+    sweep.add_argument("--storage", help="an Optuna RDB storage URL, e.g. postgresql://user@host/db or "
+                       "sqlite:///path/optuna.db (default: sqlite in --out)")  # fmt: skip
+    sweep.add_argument("--study", default=DEFAULT_STUDY, help=f"the sweep's name in the storage (default {DEFAULT_STUDY})")
+    sweep.add_argument("--heartbeat", type=float, default=10.0, metavar="SECONDS",
+                       help="a running trial's heartbeat (default 10 s); a trial silent for 3 heartbeats (its worker "
+                       "was killed) is run again by another worker")  # fmt: skip
+    reports = p.add_subparsers(dest="compare_command", metavar="{report}")
+    r = reports.add_parser("report", help="the table and plots of a sweep, rebuilt from its storage alone",
+                           description="Rebuild results.json, the table and the plots of a sweep from its Optuna "
+                           "storage (it may still be running elsewhere: what has finished is shown).")  # fmt: skip
+    r.add_argument("--storage", required=True, help="the sweep's storage URL (sqlite:///DIR/optuna.db by default)")
+    r.add_argument("--study", default=DEFAULT_STUDY, help=f"the sweep's name (default {DEFAULT_STUDY})")
+    r.add_argument("--out", help=f"directory for the results (default: a new {DEFAULT_OUT}/<date-time>/)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("train", help="train the compare task with one config (the smallest end-to-end example)")

@@ -10,6 +10,7 @@ on every machine where they are installed.
 from __future__ import annotations
 
 import copy
+import math
 import re
 import warnings
 from collections.abc import Mapping
@@ -20,26 +21,46 @@ from optcore import ConfigError, OptcoreError, resolve
 from .._config import to_plain, typed_config
 
 #: The default line-up: label, implementations in order of preference (the first
-#: installed one is used), hyper-parameters. Learning rates were picked on a 3x grid
-#: (1e-3, 3e-3, 1e-2, 3e-2, ...) by held-out loss on the char-lm task at 300 steps,
+#: installed one is used), hyper-parameters, and the search space ``--trials`` draws
+#: from (:data:`SPACE_DIMS` says what each name sets). Learning rates were picked on a 3x
+#: grid (1e-3, 3e-3, 1e-2, 3e-2, ...) by held-out loss on the char-lm task at 300 steps,
 #: seed 0; Prodigy keeps its authors' rule lr=1. Adafactor uses a fixed lr (relative
 #: step off): its relative-step default reached 2.41 where lr=1e-2 reached 2.18.
-DEFAULTS: tuple[tuple[str, tuple[str, ...], dict[str, Any]], ...] = (
-    ("AdamW", ("torch:AdamW",), {"lr": 1e-2, "weight_decay": 0.01}),
-    ("Adam", ("torch:Adam",), {"lr": 1e-2}),
-    ("NAdam", ("torch:NAdam",), {"lr": 1e-2}),
-    ("SGD", ("torch:SGD",), {"lr": 0.3, "momentum": 0.9, "nesterov": True}),
-    ("RMSprop", ("torch:RMSprop",), {"lr": 3e-3}),
-    ("Adagrad", ("torch:Adagrad",), {"lr": 3e-2}),
-    ("Lion", ("optcore-lion:Lion", "lion_pytorch:Lion"), {"lr": 3e-3, "weight_decay": 0.1}),
+#: Each space spans about a decade and a half of lr on either side of the line-up's pick
+#: (log scale), and the hyper-parameters the literature tunes for that optimizer
+#: (weight decay on a log scale, beta1/beta2 or momentum, a linear warm-up fraction):
+#: the same kind of space for every optimizer, so that K trials are an equal budget.
+DEFAULTS: tuple[tuple[str, tuple[str, ...], dict[str, Any], dict[str, tuple[float, float, bool]]], ...] = (
+    ("AdamW", ("torch:AdamW",), {"lr": 1e-2, "weight_decay": 0.01},
+     {"lr": (3e-4, 1e-1, True), "weight_decay": (1e-4, 0.3, True), "beta1": (0.8, 0.95, False),
+      "beta2": (0.95, 0.999, False), "warmup": (0.0, 0.1, False)}),
+    ("Adam", ("torch:Adam",), {"lr": 1e-2},
+     {"lr": (3e-4, 1e-1, True), "beta1": (0.8, 0.95, False), "beta2": (0.95, 0.999, False),
+      "warmup": (0.0, 0.1, False)}),
+    ("NAdam", ("torch:NAdam",), {"lr": 1e-2},
+     {"lr": (3e-4, 1e-1, True), "beta1": (0.8, 0.95, False), "beta2": (0.95, 0.999, False),
+      "warmup": (0.0, 0.1, False)}),
+    ("SGD", ("torch:SGD",), {"lr": 0.3, "momentum": 0.9, "nesterov": True},
+     {"lr": (1e-2, 3.0, True), "momentum": (0.8, 0.99, False), "warmup": (0.0, 0.1, False)}),
+    ("RMSprop", ("torch:RMSprop",), {"lr": 3e-3},
+     {"lr": (1e-4, 3e-2, True), "warmup": (0.0, 0.1, False)}),
+    ("Adagrad", ("torch:Adagrad",), {"lr": 3e-2},
+     {"lr": (1e-3, 0.3, True), "warmup": (0.0, 0.1, False)}),
+    ("Lion", ("optcore-lion:Lion", "lion_pytorch:Lion"), {"lr": 3e-3, "weight_decay": 0.1},
+     {"lr": (1e-4, 3e-2, True), "weight_decay": (1e-3, 1.0, True), "beta1": (0.85, 0.95, False),
+      "beta2": (0.95, 0.999, False), "warmup": (0.0, 0.1, False)}),
     ("Adafactor", ("optcore-adafactor:Adafactor", "torch:Adafactor"),
-     {"lr": 1e-2, "relative_step": False, "scale_parameter": False}),
-    ("Prodigy", ("pytorch_optimizer:Prodigy",), {"lr": 1.0}),
-    ("ScheduleFreeAdamW", ("pytorch_optimizer:ScheduleFreeAdamW",), {"lr": 1e-2}),
+     {"lr": 1e-2, "relative_step": False, "scale_parameter": False},
+     {"lr": (3e-4, 1e-1, True), "warmup": (0.0, 0.1, False)}),
+    ("Prodigy", ("pytorch_optimizer:Prodigy",), {"lr": 1.0},
+     {"lr": (0.1, 3.0, True), "weight_decay": (1e-4, 0.3, True)}),
+    ("ScheduleFreeAdamW", ("pytorch_optimizer:ScheduleFreeAdamW",), {"lr": 1e-2},
+     {"lr": (3e-4, 1e-1, True), "weight_decay": (1e-4, 0.3, True)}),
     # A composite: Muon on the hidden matrices, AdamW on the rest (torch >= 2.9). match_rms_adamw puts
     # Muon's updates at AdamW's RMS, so AdamW's pick serves both halves (not swept on its own).
     ("Muon+AdamW", ("torch:Muon",),
-     {"lr": 1e-2, "adjust_lr_fn": "match_rms_adamw", "fallback": {"type": "torch:AdamW", "weight_decay": 0.01}}),
+     {"lr": 1e-2, "adjust_lr_fn": "match_rms_adamw", "fallback": {"type": "torch:AdamW", "weight_decay": 0.01}},
+     {"lr": (3e-4, 1e-1, True), "momentum": (0.8, 0.99, False)}),
 )  # fmt: skip
 
 
@@ -62,7 +83,7 @@ def _fitting(hparams: Mapping[str, Any], spec: Any) -> dict[str, Any]:
 def default_entries() -> list[dict[str, Any]]:
     """The default line-up, restricted to what is installed."""
     entries = []
-    for label, candidates, hparams in DEFAULTS:
+    for label, candidates, hparams, _ in DEFAULTS:
         for name in candidates:
             try:
                 spec = _quiet_resolve(name)
@@ -89,7 +110,7 @@ def entries_from_names(names: str) -> list[dict[str, Any]]:
         except OptcoreError:
             spec = None
         if spec is not None:
-            for label, _, line_up in DEFAULTS:
+            for label, _, line_up, _ in DEFAULTS:
                 if _key(label) == _key(spec.name):
                     hparams = _fitting(line_up, spec)
                     break
@@ -144,6 +165,7 @@ def normalise_entry(raw: Any, index: int = 0) -> dict[str, Any]:
         raise ConfigError(f"Config #{index + 1} must be a mapping, got {plain!r}.", problems=[(f"#{index + 1}", "bad")])
     plain = dict(plain)
     name = plain.pop("name", None)
+    space = plain.pop("search_space", None)
     if "num_training_steps" in plain:
         raise ConfigError(
             f"Config #{index + 1} sets num_training_steps: every config of a comparison runs the same number of "
@@ -157,15 +179,18 @@ def normalise_entry(raw: Any, index: int = 0) -> dict[str, Any]:
                 entry["lr_scheduler"] = plain.pop(key)
         if plain:
             raise ConfigError(
-                f"Config #{index + 1} has unknown keys {sorted(plain)}; accepted: name, optimizer, lr_scheduler.",
+                f"Config #{index + 1} has unknown keys {sorted(plain)}; accepted: name, optimizer, lr_scheduler, "
+                "search_space.",
                 problems=[(k, "unknown") for k in plain],
-                accepted=["name", "optimizer", "lr_scheduler"],
+                accepted=["name", "optimizer", "lr_scheduler", "search_space"],
             )
     else:
         entry = {"optimizer": plain}
     if name is None:
         opt = entry["optimizer"]
         name = opt.get("type", f"config {index + 1}") if isinstance(opt, Mapping) else str(opt)
+    if space is not None:
+        entry["search_space"] = parse_space(space, f"search_space of config #{index + 1}")
     return {"name": str(name), **entry}
 
 
@@ -205,3 +230,134 @@ def with_lr(entry: Mapping[str, Any], lr: float) -> dict[str, Any]:
     cfg = copy.deepcopy(typed_config(entry["optimizer"]))
     _lr_holder(cfg)["lr"] = lr
     return {**entry, "optimizer": cfg}
+
+
+# ------------------------------------------------------------ search spaces
+#: What each search-space name sets in a config, for ``--trials``. ``warmup`` is a
+#: fraction of the run: a linear warm-up of that many steps (added as
+#: ``constant_with_warmup`` when the entry has no scheduler of its own).
+SPACE_DIMS: dict[str, str] = {
+    "lr": "the learning rate (a wrapper's inner optimizer's)",
+    "weight_decay": "weight_decay",
+    "beta1": "betas[0]",
+    "beta2": "betas[1]",
+    "momentum": "momentum",
+    "warmup": "a fraction of the steps spent warming the lr up linearly",
+}
+#: The schema field a name needs (``None``: any optimizer takes it).
+_NEEDS = {"lr": None, "weight_decay": "weight_decay", "beta1": "betas", "beta2": "betas", "momentum": "momentum",
+          "warmup": None}  # fmt: skip
+#: An entry with neither a line-up space nor one of its own tunes its lr over this
+#: factor either side of its own lr (log scale).
+LR_SPAN = 30.0
+
+
+def _space_error(where: str, text: str, name: str = "search_space") -> ConfigError:
+    return ConfigError(f"{where}: {text}", problems=[(name, text)], accepted=sorted(SPACE_DIMS))
+
+
+def parse_space(raw: Any, where: str = "search_space") -> dict[str, dict[str, Any]]:
+    """``{lr: [1e-4, 1e-2], weight_decay: {low: 0, high: 0.1}}`` -> ``{name: {low, high, log}}``.
+
+    A dimension is ``[low, high]``, ``[low, high, "log"]`` or ``{low, high, log}``;
+    ``lr`` is on a log scale unless it says ``log: false``, the others linear unless
+    they say ``log: true`` (a log scale needs ``low > 0``)."""
+    plain = to_plain(raw)
+    if not isinstance(plain, Mapping):
+        raise _space_error(where, f"a search space maps names to ranges, e.g. {{lr: [1.0e-4, 1.0e-2]}}; got {plain!r}")
+    space: dict[str, dict[str, Any]] = {}
+    for name, dim in plain.items():
+        if name not in SPACE_DIMS:
+            raise _space_error(where, f"unknown search-space name {name!r}; accepted: {', '.join(SPACE_DIMS)}", name)
+        log = name == "lr"
+        if isinstance(dim, Mapping) and set(dim) <= {"low", "high", "log"} and {"low", "high"} <= set(dim):
+            low, high, log = dim["low"], dim["high"], bool(dim.get("log", log))
+        elif isinstance(dim, (list, tuple)) and len(dim) in (2, 3) and (len(dim) == 2 or dim[2] in ("log", "linear")):
+            low, high = dim[0], dim[1]
+            log = log if len(dim) == 2 else dim[2] == "log"
+        else:
+            raise _space_error(where, f"{name}: a range is [low, high], [low, high, log|linear] or {{low, high, log}}; "
+                               f"got {dim!r}", name)  # fmt: skip
+        try:
+            low, high = float(low), float(high)
+        except (TypeError, ValueError):
+            raise _space_error(where, f"{name}: low and high must be numbers, got {dim!r}", name) from None
+        if not (math.isfinite(low) and math.isfinite(high) and low < high) or (log and low <= 0):
+            raise _space_error(where, f"{name}: needs finite low < high{' and low > 0 on a log scale' if log else ''}, "
+                               f"got [{low:g}, {high:g}]", name)  # fmt: skip
+        if name == "warmup" and not 0 <= low < high <= 1:
+            raise _space_error(where, f"warmup is a fraction of the run in [0, 1], got [{low:g}, {high:g}]", name)
+        space[name] = {"low": low, "high": high, "log": log}
+    return space
+
+
+def _holder_spec(entry: Mapping[str, Any]) -> Any:
+    try:
+        return _quiet_resolve(_lr_holder(typed_config(entry["optimizer"]))["type"])
+    except Exception:  # noqa: BLE001 - the build reports a bad config with its own message
+        return None
+
+
+def _takes(spec: Any, name: str) -> bool:
+    need = _NEEDS[name]
+    return need is None or spec is None or need in spec.schema.model_fields
+
+
+def search_space(entry: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The space ``--trials`` draws ``entry``'s configs from: its own ``search_space``
+    (a compare file's, checked against the optimizer's schema), else its line-up
+    entry's (by label, else by class; names its optimizer does not take are
+    dropped), else its lr times 1/30 to 30 on a log scale; ``{}`` when it has no lr
+    (it is then compared at its defaults only)."""
+    spec = _holder_spec(entry)
+    if entry.get("search_space") is not None:
+        space = parse_space(entry["search_space"], f"search_space of {entry.get('name')!r}")
+        refused = [n for n in space if not _takes(spec, n)]
+        if refused:
+            raise ConfigError(
+                f"search_space of {entry.get('name')!r}: {spec.qualified} has no "
+                f"{', '.join(sorted({str(_NEEDS[n]) for n in refused}))} field for {', '.join(refused)}.",
+                problems=[(n, "not a field of the optimizer") for n in refused],
+            )
+        return space
+    keys = {_key(str(entry.get("name", "")))} | ({_key(spec.name)} if spec is not None else set())
+    for label, _, _, space in DEFAULTS:
+        if _key(label) in keys:
+            return {n: {"low": lo, "high": hi, "log": log} for n, (lo, hi, log) in space.items() if _takes(spec, n)}
+    lr = base_lr(entry)
+    return {} if lr is None else {"lr": {"low": lr / LR_SPAN, "high": lr * LR_SPAN, "log": True}}
+
+
+def runnable(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``entry`` without its ``search_space``: what a run builds."""
+    return {k: v for k, v in entry.items() if k != "search_space"}
+
+
+def apply_point(entry: Mapping[str, Any], point: Mapping[str, float], steps: int) -> dict[str, Any]:
+    """A copy of ``entry`` (without its search space) set to one point of its space."""
+    cfg = copy.deepcopy(typed_config(entry["optimizer"]))
+    holder = _lr_holder(cfg)
+    out = {**runnable(entry), "optimizer": cfg}
+    for name, value in point.items():
+        if name in ("lr", "weight_decay", "momentum"):
+            holder[name] = float(value)
+        elif name in ("beta1", "beta2"):
+            holder["betas"] = list(holder.get("betas") or _default_betas(holder["type"]))
+            holder["betas"][name == "beta2"] = float(value)
+        elif name == "warmup":
+            warm = int(round(float(value) * steps))
+            sched = out.get("lr_scheduler")
+            if sched is None:
+                out["lr_scheduler"] = {"type": "constant_with_warmup", "warmup_steps": warm}
+            else:
+                sched = {"type": sched} if isinstance(sched, str) else dict(to_plain(sched))
+                key = next((k for k in ("warmup_steps", "num_warmup_steps", "warmup_updates") if k in sched),
+                           "warmup_steps")  # fmt: skip
+                out["lr_scheduler"] = {**sched, key: warm}
+    return out
+
+
+def _default_betas(name: str) -> tuple[float, float]:
+    field = _quiet_resolve(name).schema.model_fields.get("betas")
+    default = None if field is None or field.is_required() else field.default
+    return tuple(default) if isinstance(default, (list, tuple)) and len(default) == 2 else (0.9, 0.999)  # type: ignore[return-value]

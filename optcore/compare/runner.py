@@ -1,4 +1,4 @@
-"""Run one config, here or in a fresh process; and a plan of runs, several at a time.
+"""Run one config, here or in a fresh process.
 
 A fresh process (multiprocessing "spawn") per run makes its peak memory its
 own and keeps one config from disturbing the next (allocator caches, threads,
@@ -6,11 +6,11 @@ a crash); in-process runs start faster and reset the kernel's peak-RSS mark
 between configs instead.
 
 The compare models are small and train on one thread, so on a machine with
-several cores one run at a time leaves the others idle: :func:`run_all` keeps
-up to ``jobs`` fresh processes busy (one per core by default, see
-:func:`default_jobs`), each waited on by a thread of this process. The
-numbers do not change (each run is seeded and single-threaded, tested);
-steps/s is then measured with the other cores busy, alike for every run.
+several cores one run at a time leaves the others idle: a worker of
+:mod:`.study` keeps up to ``jobs`` trials running, each in its own fresh
+process (one per core by default, see :func:`default_jobs`). The numbers do
+not change (each run is seeded and single-threaded, tested); steps/s is then
+measured with the other cores busy, alike for every run.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import multiprocessing
 import os
 import queue as queues
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, TypeVar
+import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -56,8 +56,19 @@ def _run_here(entry: dict[str, Any], settings: RunSettings, threads: int | None,
         torch.set_num_threads(before)
 
 
-def _worker(entry: dict[str, Any], settings: RunSettings, threads: int | None, channel: Any) -> None:
+def _exit_with(parent: int) -> None:
+    """End this process when ``parent`` is gone (killed: SIGKILL leaves a daemon child
+    running), so that a killed worker's run stops taking a core; its trial is run
+    again by another worker."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _worker(entry: dict[str, Any], settings: RunSettings, threads: int | None, channel: Any, parent: int = 0) -> None:
     """Body of the per-run process: run, stream progress, send the result."""
+    if parent:
+        threading.Thread(target=_exit_with, args=(parent,), name="optcore-parent-watch", daemon=True).start()
     every = max(1, settings.steps // 100)
 
     def report(step: int, loss: float, *_: Any) -> None:
@@ -78,7 +89,7 @@ def _run_isolated(
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     channel = ctx.Queue()
-    process = ctx.Process(target=_worker, args=(entry, settings, threads, channel), daemon=True)
+    process = ctx.Process(target=_worker, args=(entry, settings, threads, channel, os.getpid()), daemon=True)
     process.start()
     result = None
     try:
@@ -118,45 +129,3 @@ def default_jobs(threads: int | None, device: str, in_process: bool) -> int:
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     return max(1, cores // threads)
-
-
-R = TypeVar("R")
-
-
-def run_all(
-    runs: Sequence[R],
-    execute: Callable[[R, threading.Event], dict[str, Any]],
-    *,
-    jobs: int,
-    admit: Callable[[R], bool],
-    finished: Callable[[R, dict[str, Any]], None],
-) -> None:
-    """Run ``runs`` in order, up to ``jobs`` at a time: each starts when a slot is
-    free and ``admit(run)`` says yes (a budget); ``finished(run, result)`` is
-    called in this thread as each one ends, so the caller's bookkeeping needs no
-    lock. With ``jobs=1`` this is the plain loop. KeyboardInterrupt stops the
-    runs in flight (their processes are terminated, their results dropped) and
-    propagates."""
-    stop = threading.Event()
-    if jobs <= 1:  # here, in this thread: Ctrl-C reaches an in-process run at once
-        for run in runs:
-            if admit(run):
-                finished(run, execute(run, stop))
-        return
-    queue = list(runs)
-    inflight: dict[Future[dict[str, Any]], R] = {}
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="optcore-run") as pool:
-        try:
-            while queue or inflight:
-                while queue and len(inflight) < jobs:
-                    run = queue.pop(0)
-                    if admit(run):
-                        inflight[pool.submit(execute, run, stop)] = run
-                if not inflight:
-                    continue
-                done, _ = wait(inflight, timeout=0.25, return_when=FIRST_COMPLETED)
-                for future in [f for f in inflight if f in done]:  # in plan order
-                    finished(inflight.pop(future), future.result())
-        except BaseException:
-            stop.set()
-            raise

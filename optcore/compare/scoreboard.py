@@ -200,7 +200,8 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
             break
     runs: dict[str, list[dict[str, Any]]] = {}
     for task, doc in docs.items():
-        for name, mine in runs_by_optimizer(doc, task).items():
+        tuned = doc.get("tuned")  # the tuned protocol is scored by its re-seeded runs, as each task's own table is
+        for name, mine in runs_by_optimizer(doc, task, tuned if tuned and tuned["rows"] else None).items():
             runs.setdefault(name, []).extend(mine)
     summary = scoring.summarise(runs, targets)
     title = f"{len(docs)} tasks ({', '.join(docs)})"
