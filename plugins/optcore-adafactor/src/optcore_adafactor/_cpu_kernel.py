@@ -542,7 +542,7 @@ def _problem(name: str, t: Tensor | None, shape: Sequence[int]) -> str:
 def _pointer(name: str, t: Tensor | None, shape: Sequence[int]) -> int | None:
     """``t``'s data pointer if the loops may use it as ``shape`` fp32 elements;
     ``None`` if it is not a plain, contiguous, non-empty fp32 CPU tensor of that
-    shape (the torch ops take it instead). Raises if it is one, but its storage
+    shape (the functional update takes it instead). Raises if it is one, but its storage
     does not hold it (freed, as FSDP does with ``resize_(0)``): no path may
     read it then.
 

@@ -60,7 +60,7 @@ class Adafactor(Optimizer):
         warmup_init: warm the relative step size up linearly.
         implementation: ``"auto"``, ``"c"``, ``"torch"`` or ``"compiled"`` (see
             :class:`AdafactorConfig`); under ``torch.compile(opt.step)`` the
-            traceable torch ops run whatever is chosen.
+            functional update is traced whatever is chosen.
 
     An external LR scheduler needs ``relative_step=False, scale_parameter=False``
     and an ``lr``. In relative-step mode ``group["lr"]`` stays ``None``, and
@@ -116,22 +116,10 @@ class Adafactor(Optimizer):
         warmup_init: bool = False,
         implementation: str = "auto",
     ) -> None:
-        defaults = validate_hparams(
-            self.config_schema,
-            dict(
-                lr=lr,
-                eps=eps,
-                clip_threshold=clip_threshold,
-                decay_rate=decay_rate,
-                beta1=beta1,
-                weight_decay=weight_decay,
-                scale_parameter=scale_parameter,
-                relative_step=relative_step,
-                warmup_init=warmup_init,
-                implementation=implementation,
-            ),
-            "Adafactor",
-        )
+        hparams = dict(lr=lr, eps=eps, clip_threshold=clip_threshold, decay_rate=decay_rate, beta1=beta1,
+                       weight_decay=weight_decay, scale_parameter=scale_parameter, relative_step=relative_step,
+                       warmup_init=warmup_init, implementation=implementation)
+        defaults = validate_hparams(self.config_schema, hparams, "Adafactor")
         self._compiled = CompiledUpdate()
         #: id(param) -> the C loops' two doubles about it (sum X² they wrote last, whether X had
         #: changed since): the loops check the first against the X they read, so it needs no key of its own
