@@ -96,12 +96,6 @@ class Adafactor(Optimizer):
         "dtypes": ("float32", "float64", "bfloat16"),
     }
 
-    @property
-    def lr_schedule(self) -> str:
-        """The contract's capability LR schedulers read: ``"none"`` while a group
-        computes its own step size (relative-step mode), else ``"any"``."""
-        return "none" if any(g.get("relative_step") for g in self.param_groups) else "any"
-
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
@@ -156,70 +150,6 @@ class Adafactor(Optimizer):
                 target="Adafactor",
             )
         super().add_param_group(param_group)
-
-    # ------------------------------------------------------------ learning rate
-    def applied_step_size(self, p: Tensor) -> float | None:
-        """alpha_t of ``p``'s last step: ``max(eps2, RMS) rho_t`` (``rho_t``
-        without scale_parameter), from the state (``step``, ``RMS``), so it
-        costs nothing per step and survives a checkpoint; ``None`` before the
-        first step. In manual-lr mode ``rho_t`` is the group's current lr."""
-        state = self.state.get(p, {})
-        group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
-        if not state.get("step"):
-            return None
-        if group["relative_step"]:
-            rho = relative_step_size(int(state["step"]), group["warmup_init"]) * float(group.get("lr_scale", 1.0))
-        else:
-            rho = float(group["lr"])
-        if not group["scale_parameter"]:
-            return rho
-        return max(group["eps"][1], float(state.get("RMS", 0.0))) * rho
-
-    def _group_step_size(self, group: dict[str, Any]) -> float:
-        """The step size the group's first stepped parameter last got
-        (``lr_scale`` applied), else ``rho_1``: what a trainer should log."""
-        if not group["relative_step"]:
-            lr = group["lr"]
-            return float(lr.item() if isinstance(lr, Tensor) else lr)
-        for p in group["params"]:
-            size = self.applied_step_size(p)
-            if size is not None:
-                return size
-        return relative_step_size(1, group["warmup_init"]) * float(group.get("lr_scale", 1.0))
-
-    def get_lr(self) -> float:
-        """The first group's ``lr``; in relative-step mode the step size last
-        applied to its first parameter (``rho_t`` of step 1 before any step),
-        divided by the group's ``lr_scale`` like the base learning rate."""
-        group = self.param_groups[0]
-        if not group["relative_step"]:
-            return super().get_lr()
-        return self._group_step_size(group) / (float(group.get("lr_scale", 1.0)) or 1.0)
-
-    def get_lrs(self) -> list[float]:
-        """Every group's learning rate as applied (``lr_scale`` included): the
-        group's ``lr``, or in relative-step mode its last step size."""
-        return [self._group_step_size(g) for g in self.param_groups]
-
-    def set_lr(self, lr: float | Sequence[float]) -> None:
-        """Set the external learning rate (manual-lr mode only: in relative-step
-        mode there is nothing to set, and silently ignoring it would hide a bug)."""
-        if any(g["relative_step"] for g in self.param_groups):
-            raise ConfigError(
-                "Adafactor computes its own step size (relative_step=True), so set_lr would be "
-                "ignored. To drive it with an LR scheduler, build it with relative_step=False, "
-                "scale_parameter=False and an lr.",
-                problems=[("relative_step", "must be False to set the learning rate")],
-                target="Adafactor",
-            )
-        super().set_lr(lr)
-
-    @property
-    def optimizer_config(self) -> dict[str, Any]:
-        """The effective hyper-parameters; in relative-step mode ``lr`` is the step
-        size applied last (:meth:`get_lr`), for logging (rebuilding from it needs
-        ``lr`` dropped, as the config schema says)."""
-        return super().optimizer_config
 
     # --------------------------------------------------------------------- step
     @torch.no_grad()
@@ -284,6 +214,60 @@ class Adafactor(Optimizer):
             else:
                 functional.append((group, p))
         return native, functional
+
+    def _check(self, group: dict[str, Any], p: Tensor) -> None:
+        """Refuse what Adafactor cannot step with a ConfigError saying what to
+        do instead (as Lion does): a sparse or misshapen gradient, a complex
+        parameter, state of other shapes."""
+        grad = p.grad
+        if grad.layout is not torch.strided:  # COO, CSR, CSC, BSR, BSC
+            raise ConfigError(
+                f"Adafactor cannot step: the gradient of parameter {self._param_name(group, p)} is sparse. "
+                "Adafactor does not support sparse gradients; use torch.optim.SparseAdam for sparse "
+                "embeddings (e.g. in its own param group), or dense gradients (nn.Embedding(sparse=False)).",
+                problems=[("params", "sparse gradient")], target="Adafactor",
+            )
+        if p.is_complex() or not p.is_floating_point():
+            raise _complex_error(p)
+        if grad.shape != p.shape:
+            raise ConfigError(
+                f"Adafactor cannot step: the gradient of parameter {self._param_name(group, p)} has shape "
+                f"{tuple(grad.shape)}, the parameter {tuple(p.shape)}.",
+                problems=[("params", "gradient shape differs from the parameter's")], target="Adafactor",
+            )
+        state = self.state.get(p)
+        for key, shape in self.state_shapes(group, p).items() if state else ():
+            value = state.get(key)
+            if value is not None and (not isinstance(value, Tensor) or value.shape != shape):
+                found = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ConfigError(
+                    f"Adafactor state {key!r} of parameter {self._param_name(group, p)} has shape "
+                    f"{found}, expected {tuple(shape)} for a parameter of shape {tuple(p.shape)}: the "
+                    "loaded state_dict belongs to another model or parameter order. Load the "
+                    "checkpoint into the model it was saved from, or start this optimizer fresh.",
+                    problems=[("state", f"{key} shape {found} != {tuple(shape)}")], target="Adafactor",
+                )
+
+    def _init_state(self, group: dict[str, Any], p: Tensor) -> None:
+        """Create missing state (zeros, fp32 for fp16/bf16 params) and move
+        loaded state to the parameter's device. ``RMS`` becomes a 0-dim tensor
+        (Hugging Face starts it as the int 0)."""
+        state = self.state[p]
+        step = state.setdefault("step", 0)
+        if isinstance(step, Tensor) and not torch.compiler.is_compiling():
+            state["step"] = int(step.item())  # left by a traced step: eager steps count in Python
+        dtype = torch.float32 if p.dtype in LOW_PRECISION else p.dtype
+        for key, shape in self.state_shapes(group, p).items():
+            value = state.get(key)
+            if value is None:
+                state[key] = torch.zeros(shape, device=p.device, dtype=dtype)
+            elif not _placed(value, p, dtype):
+                state[key] = value.to(device=p.device, dtype=dtype)
+        rms = state.get("RMS")
+        if not isinstance(rms, Tensor):
+            state["RMS"] = torch.tensor(float(rms or 0.0), device=p.device, dtype=dtype)
+        elif not _placed(rms, p, dtype):
+            state["RMS"] = rms.to(device=p.device, dtype=dtype)
 
     def _add_job(
         self, batch: _cpu_kernel.Batch, group: dict[str, Any], p: Tensor, scale: float,
@@ -371,60 +355,6 @@ class Adafactor(Optimizer):
             return repr(names[index])
         return f"#{index} of param group {group.get('name', '')!r}".replace(" ''", "")
 
-    def _check(self, group: dict[str, Any], p: Tensor) -> None:
-        """Refuse what Adafactor cannot step with a ConfigError saying what to
-        do instead (as Lion does): a sparse or misshapen gradient, a complex
-        parameter, state of other shapes."""
-        grad = p.grad
-        if grad.layout is not torch.strided:  # COO, CSR, CSC, BSR, BSC
-            raise ConfigError(
-                f"Adafactor cannot step: the gradient of parameter {self._param_name(group, p)} is sparse. "
-                "Adafactor does not support sparse gradients; use torch.optim.SparseAdam for sparse "
-                "embeddings (e.g. in its own param group), or dense gradients (nn.Embedding(sparse=False)).",
-                problems=[("params", "sparse gradient")], target="Adafactor",
-            )
-        if p.is_complex() or not p.is_floating_point():
-            raise _complex_error(p)
-        if grad.shape != p.shape:
-            raise ConfigError(
-                f"Adafactor cannot step: the gradient of parameter {self._param_name(group, p)} has shape "
-                f"{tuple(grad.shape)}, the parameter {tuple(p.shape)}.",
-                problems=[("params", "gradient shape differs from the parameter's")], target="Adafactor",
-            )
-        state = self.state.get(p)
-        for key, shape in self.state_shapes(group, p).items() if state else ():
-            value = state.get(key)
-            if value is not None and (not isinstance(value, Tensor) or value.shape != shape):
-                found = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                raise ConfigError(
-                    f"Adafactor state {key!r} of parameter {self._param_name(group, p)} has shape "
-                    f"{found}, expected {tuple(shape)} for a parameter of shape {tuple(p.shape)}: the "
-                    "loaded state_dict belongs to another model or parameter order. Load the "
-                    "checkpoint into the model it was saved from, or start this optimizer fresh.",
-                    problems=[("state", f"{key} shape {found} != {tuple(shape)}")], target="Adafactor",
-                )
-
-    def _init_state(self, group: dict[str, Any], p: Tensor) -> None:
-        """Create missing state (zeros, fp32 for fp16/bf16 params) and move
-        loaded state to the parameter's device. ``RMS`` becomes a 0-dim tensor
-        (Hugging Face starts it as the int 0)."""
-        state = self.state[p]
-        step = state.setdefault("step", 0)
-        if isinstance(step, Tensor) and not torch.compiler.is_compiling():
-            state["step"] = int(step.item())  # left by a traced step: eager steps count in Python
-        dtype = torch.float32 if p.dtype in LOW_PRECISION else p.dtype
-        for key, shape in self.state_shapes(group, p).items():
-            value = state.get(key)
-            if value is None:
-                state[key] = torch.zeros(shape, device=p.device, dtype=dtype)
-            elif not _placed(value, p, dtype):
-                state[key] = value.to(device=p.device, dtype=dtype)
-        rms = state.get("RMS")
-        if not isinstance(rms, Tensor):
-            state["RMS"] = torch.tensor(float(rms or 0.0), device=p.device, dtype=dtype)
-        elif not _placed(rms, p, dtype):
-            state["RMS"] = rms.to(device=p.device, dtype=dtype)
-
     # --------------------------------------------------------------- checkpoint
     def load_state_dict(  # type: ignore[override]
         self,
@@ -451,3 +381,73 @@ class Adafactor(Optimizer):
             for key, value in state_dict["state"].get(pid, {}).items():
                 if isinstance(value, Tensor) and value.is_floating_point():
                     self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
+
+    # ------------------------------------------------------------ learning rate
+    @property
+    def lr_schedule(self) -> str:
+        """The contract's capability LR schedulers read: ``"none"`` while a group
+        computes its own step size (relative-step mode), else ``"any"``."""
+        return "none" if any(g.get("relative_step") for g in self.param_groups) else "any"
+
+    def applied_step_size(self, p: Tensor) -> float | None:
+        """alpha_t of ``p``'s last step: ``max(eps2, RMS) rho_t`` (``rho_t``
+        without scale_parameter), from the state (``step``, ``RMS``), so it
+        costs nothing per step and survives a checkpoint; ``None`` before the
+        first step. In manual-lr mode ``rho_t`` is the group's current lr."""
+        state = self.state.get(p, {})
+        group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
+        if not state.get("step"):
+            return None
+        if group["relative_step"]:
+            rho = relative_step_size(int(state["step"]), group["warmup_init"]) * float(group.get("lr_scale", 1.0))
+        else:
+            rho = float(group["lr"])
+        if not group["scale_parameter"]:
+            return rho
+        return max(group["eps"][1], float(state.get("RMS", 0.0))) * rho
+
+    def _group_step_size(self, group: dict[str, Any]) -> float:
+        """The step size the group's first stepped parameter last got
+        (``lr_scale`` applied), else ``rho_1``: what a trainer should log."""
+        if not group["relative_step"]:
+            lr = group["lr"]
+            return float(lr.item() if isinstance(lr, Tensor) else lr)
+        for p in group["params"]:
+            size = self.applied_step_size(p)
+            if size is not None:
+                return size
+        return relative_step_size(1, group["warmup_init"]) * float(group.get("lr_scale", 1.0))
+
+    def get_lr(self) -> float:
+        """The first group's ``lr``; in relative-step mode the step size last
+        applied to its first parameter (``rho_t`` of step 1 before any step),
+        divided by the group's ``lr_scale`` like the base learning rate."""
+        group = self.param_groups[0]
+        if not group["relative_step"]:
+            return super().get_lr()
+        return self._group_step_size(group) / (float(group.get("lr_scale", 1.0)) or 1.0)
+
+    def get_lrs(self) -> list[float]:
+        """Every group's learning rate as applied (``lr_scale`` included): the
+        group's ``lr``, or in relative-step mode its last step size."""
+        return [self._group_step_size(g) for g in self.param_groups]
+
+    def set_lr(self, lr: float | Sequence[float]) -> None:
+        """Set the external learning rate (manual-lr mode only: in relative-step
+        mode there is nothing to set, and silently ignoring it would hide a bug)."""
+        if any(g["relative_step"] for g in self.param_groups):
+            raise ConfigError(
+                "Adafactor computes its own step size (relative_step=True), so set_lr would be "
+                "ignored. To drive it with an LR scheduler, build it with relative_step=False, "
+                "scale_parameter=False and an lr.",
+                problems=[("relative_step", "must be False to set the learning rate")],
+                target="Adafactor",
+            )
+        super().set_lr(lr)
+
+    @property
+    def optimizer_config(self) -> dict[str, Any]:
+        """The effective hyper-parameters; in relative-step mode ``lr`` is the step
+        size applied last (:meth:`get_lr`), for logging (rebuilding from it needs
+        ``lr`` dropped, as the config schema says)."""
+        return super().optimizer_config
