@@ -613,7 +613,7 @@ class Batch:
     def add(
         self, param: Tensor, grad: Tensor, exp_avg: Tensor | None, stats: Sequence[Tensor], rms: Tensor | None,
         scalars: tuple[float, float, float, float, float, float, float, float], *, strict: bool = False,
-        memo: int = 0,
+        memo: int = 0, shape: tuple[int, ...] | None = None,
     ) -> bool:
         """Add the step of one parameter: a matrix (``stats`` = row, col
         statistics) or a vector or scalar (``stats`` = the full second moment).
@@ -623,8 +623,10 @@ class Batch:
         that let pass 1 skip reading X (see SOURCE; NaN and 0 to start, kept
         by the caller for the parameter), or 0. Returns whether it was added:
         ``False`` if a tensor is one the loops cannot take (with ``strict``: a
-        ``ValueError`` saying why)."""
-        shape = param.shape
+        ``ValueError`` saying why). ``shape``: ``tuple(param.shape)``, where
+        the caller has it (a tuple: torch.Size compares faster with one than
+        with another Size)."""
+        shape = tuple(param.shape) if shape is None else shape
         check = _require if strict else _pointer
         if len(shape) == 2 and len(stats) == 2:
             dims: tuple[int, int] = shape  # type: ignore[assignment]

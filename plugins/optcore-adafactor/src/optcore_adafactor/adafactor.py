@@ -278,9 +278,10 @@ class Adafactor(Optimizer):
         exact shapes, every tensor checked by :meth:`_cpu_kernel.Batch.add`.
         Returns ``p``'s state if it was added."""
         state = self.state.get(p)
-        if not state or type(state.get("step")) is not int or p.dtype is not torch.float32:
+        if not state or type(state.get("step")) is not int:
             return None
-        matrix = len(p.shape) == 2
+        shape = tuple(p.shape)
+        matrix = len(shape) == 2
         stats = (state.get("exp_avg_sq_row"), state.get("exp_avg_sq_col")) if matrix else (state.get("exp_avg_sq"),)
         beta1 = group["beta1"]
         exp_avg = None if beta1 is None else state.get("exp_avg")
@@ -306,7 +307,8 @@ class Adafactor(Optimizer):
             memo = self._memo.get(id(p))
             if memo is None:
                 memo = self._memo[id(p)] = array("d", (math.nan, 0.0))
-        if not batch.add(p, p.grad, exp_avg, stats, rms, scalars, memo=0 if memo is None else memo.buffer_info()[0]):
+        if not batch.add(p, p.grad, exp_avg, stats, rms, scalars, memo=0 if memo is None else memo.buffer_info()[0],
+                         shape=shape):
             return None
         return state
 
