@@ -74,6 +74,16 @@ class ConfigError(OptcoreError, ValueError):
         super().__init__(message)
 
 
+class StepError(OptcoreError, RuntimeError):
+    """A ``step()`` that cannot run on what it was given (a sparse gradient, state
+    of another shape, a bad ``scale`` or ``groups``), raised before any parameter
+    or state changes; ``param`` names the parameter at fault, where there is one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.message, self.param = message, param
+        super().__init__(message)
+
+
 class PluginLoadError(OptcoreError, ImportError):
     """A plugin entry point that failed to load, naming the distribution to fix."""
 
