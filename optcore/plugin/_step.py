@@ -60,11 +60,11 @@ def prepare_step(
     """The start of ``optimizer.step(closure, scale, groups)``, in torch's order:
 
     1. the closure runs with gradients enabled (so ``scale`` applies to the gradients it produced);
-    2. GradScaler's handshake (the class sets ``_step_supports_amp_scaling = True``):
-       with ``found_inf`` set the step is skipped, and ``grad_scale`` joins ``scale``;
-    3. the scale must be positive and finite;
-    4. ``groups`` selects param groups (by index or ``name``), all of them where
+    2. GradScaler's ``grad_scale`` joins ``scale`` (the class sets
+       ``_step_supports_amp_scaling = True``), which must be positive and finite;
+    3. ``groups`` selects param groups (by index or ``name``), all of them where
        ``supports_groups`` is false;
+    4. with GradScaler's ``found_inf`` set, the step is skipped (``skip``);
     5. every gradient must be dense, and every state tensor of a parameter must
        have the shape the class's ``state_shapes`` rule gives.
 
@@ -76,9 +76,6 @@ def prepare_step(
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-    found_inf = getattr(optimizer, "found_inf", None)
-    if found_inf is not None and float(found_inf):
-        return PreparedStep(loss, 1.0, [], skip=True)
     grad_scale = getattr(optimizer, "grad_scale", None)
     scale = float(scale) * (float(grad_scale) if grad_scale is not None else 1.0)
     if not (math.isfinite(scale) and scale > 0):
@@ -87,6 +84,9 @@ def prepare_step(
     if len(selected) != len(optimizer.param_groups) and not getattr(optimizer, "supports_groups", True):
         raise StepError(f"{name} steps all param groups at once (supports_groups is False); step without groups=, "
                         "or give the groups their own lr instead.")
+    found_inf = getattr(optimizer, "found_inf", None)
+    if found_inf is not None and float(found_inf):
+        return PreparedStep(loss, scale, [], skip=True)
     indices = {id(group): index for index, group in enumerate(optimizer.param_groups)}
     prepared = PreparedStep(loss, scale, [(indices[id(group)], group) for group in selected])
     rule = state_rule(optimizer)
