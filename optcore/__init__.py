@@ -10,9 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._errors import (
-    ConfigError, OptcoreError, OptimizerNotFoundError, PluginLoadError, SchedulerNotFoundError, StepError,
-)
+from ._errors import ConfigError, OptcoreError, OptimizerNotFoundError, PluginLoadError
+from ._errors import SchedulerNotFoundError, StepError
 from ._version import __version__
 
 #: public name -> the module that defines it (the TYPE_CHECKING block below

@@ -75,9 +75,7 @@ class ConfigError(OptcoreError, ValueError):
 
 
 class StepError(OptcoreError, RuntimeError):
-    """A ``step()`` that cannot run on what it was given (a sparse gradient, state
-    of another shape, a bad ``scale`` or ``groups``), raised before any parameter
-    or state changes; ``param`` names the parameter at fault, where there is one."""
+    """A ``step()`` that cannot run on what it was given, raised before anything changes (docs/contract.md)."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         self.message, self.param = message, param
