@@ -106,16 +106,21 @@ def prepare_step(
 def _check_state(name: str, rule: Any, state: dict[str, Any], index: int, group: dict[str, Any], i: int,
                  p: Tensor) -> None:
     """State of another shape than the rule says (another model's) would be read
-    past its end by a kernel, or broadcast by torch ops: refused."""
-    expected = rule(group, p) if callable(rule) else None
-    for key, value in state.items():
-        if not isinstance(value, Tensor) or value.dim() == 0:
+    past its end by a kernel, or broadcast by torch ops: refused. Only the keys
+    a callable rule names are judged (each once per step: this runs for every
+    parameter, so it compares shapes without building tuples)."""
+    if callable(rule):
+        pairs = [(key, state.get(key), want) for key, want in rule(group, p).items()]
+    else:
+        pairs = [(key, value, p.shape) for key, value in state.items()]
+    for key, value, want in pairs:
+        if not isinstance(value, Tensor) or value.shape == (want if isinstance(want, tuple) else tuple(want)):
             continue
-        want = tuple(p.shape) if expected is None else tuple(expected.get(key, value.shape))
-        if tuple(value.shape) != want:
-            raise StepError(
-                f"{name} cannot step: the state {key!r} of {where(index, group, i, p)} has shape "
-                f"{tuple(value.shape)}, not {want}; the optimizer state belongs to another model. Load a checkpoint "
-                "of this model (or start with a fresh optimizer).",
-                param=where(index, group, i, p),
-            )
+        if value.dim() == 0:
+            continue
+        raise StepError(
+            f"{name} cannot step: the state {key!r} of {where(index, group, i, p)} has shape "
+            f"{tuple(value.shape)}, not {tuple(want)}; the optimizer state belongs to another model. Load a checkpoint "
+            "of this model (or start with a fresh optimizer).",
+            param=where(index, group, i, p),
+        )
