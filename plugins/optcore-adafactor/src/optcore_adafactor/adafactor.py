@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from optcore import ConfigError
-from optcore.plugin import Optimizer, validate_hparams
+from optcore import ConfigError, StepError
+from optcore.plugin import Optimizer, prepare_step, validate_hparams
 
 from . import _cpu_kernel
 from ._config import AdafactorConfig
@@ -93,7 +93,7 @@ class Adafactor(Optimizer):
     #: in every parameter dtype it steps.
     conformance_inputs: ClassVar[dict[str, Any]] = {
         "config": {"lr": 1e-2, "relative_step": False, "scale_parameter": False},
-        "dtypes": ("float32", "float64", "bfloat16"),
+        "dtypes": ("float32", "float64", "bfloat16"), "step_errors": True,
     }
 
     def __init__(
@@ -160,18 +160,11 @@ class Adafactor(Optimizer):
         groups: Any = None,
     ) -> float | None:
         """One Adafactor update of the selected groups, with gradients divided by ``scale``."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        found_inf = getattr(self, "found_inf", None)  # set by torch.amp.GradScaler
-        if found_inf is not None and bool(found_inf):
-            return loss
-        grad_scale = getattr(self, "grad_scale", None)
-        scale = float(scale) * (float(grad_scale) if grad_scale is not None else 1.0)
-        if not (math.isfinite(scale) and scale > 0):
-            raise ConfigError(f"step(scale={scale}) must be a finite positive number (the loss scale).")
-        work = [(g, p) for g in self._select_groups(groups) for p in g["params"] if p.grad is not None]
+        prepared = prepare_step(self, closure, scale, groups)  # the contract's checks: nothing changed yet
+        if prepared.skip:
+            return prepared.loss
+        scale = prepared.scale
+        work = [(group, p) for _, group in prepared.groups for p in group["params"] if p.grad is not None]
         batch = None if torch.compiler.is_compiling() else _cpu_kernel.Batch.new()
         native, functional = self._route(work, batch, scale)
         if batch is not None:
@@ -185,7 +178,7 @@ class Adafactor(Optimizer):
             state["step"] += 1
         for group, p in functional:
             self._update(group, p, 1.0 / scale)
-        return loss
+        return prepared.loss
 
     def _route(
         self, work: list[tuple[dict[str, Any], Tensor]], batch: _cpu_kernel.Batch | None, scale: float
@@ -216,36 +209,31 @@ class Adafactor(Optimizer):
         return native, functional
 
     def _check(self, group: dict[str, Any], p: Tensor) -> None:
-        """Refuse what Adafactor cannot step with a ConfigError saying what to
-        do instead (as Lion does): a sparse or misshapen gradient, a complex
-        parameter, state of other shapes."""
-        grad = p.grad
-        if grad.layout is not torch.strided:  # COO, CSR, CSC, BSR, BSC
-            raise ConfigError(
-                f"Adafactor cannot step: the gradient of parameter {self._param_name(group, p)} is sparse. "
-                "Adafactor does not support sparse gradients; use torch.optim.SparseAdam for sparse "
-                "embeddings (e.g. in its own param group), or dense gradients (nn.Embedding(sparse=False)).",
-                problems=[("params", "sparse gradient")], target="Adafactor",
-            )
+        """Adafactor's own checks, after the contract's (dense gradients, state
+        tensors of the shapes :meth:`state_shapes` gives): a real floating-point
+        parameter, a gradient of its shape, and tensors under the statistics'
+        keys. Each refusal is a StepError saying what to do instead."""
         if p.is_complex() or not p.is_floating_point():
-            raise _complex_error(p)
-        if grad.shape != p.shape:
-            raise ConfigError(
-                f"Adafactor cannot step: the gradient of parameter {self._param_name(group, p)} has shape "
-                f"{tuple(grad.shape)}, the parameter {tuple(p.shape)}.",
-                problems=[("params", "gradient shape differs from the parameter's")], target="Adafactor",
+            raise StepError(
+                f"Adafactor cannot step {self._where(group, p)}: it is {p.dtype} now; Adafactor "
+                "needs real floating-point parameters (view a complex one as real with torch.view_as_real).",
+                param=self._where(group, p),
+            )
+        if p.grad.shape != p.shape:
+            raise StepError(
+                f"Adafactor cannot step: the gradient of {self._where(group, p)} has shape "
+                f"{tuple(p.grad.shape)}; give each parameter a gradient of its own shape.",
+                param=self._where(group, p),
             )
         state = self.state.get(p)
-        for key, shape in self.state_shapes(group, p).items() if state else ():
+        for key in self.state_shapes(group, p) if state else ():
             value = state.get(key)
-            if value is not None and (not isinstance(value, Tensor) or value.shape != shape):
-                found = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                raise ConfigError(
-                    f"Adafactor state {key!r} of parameter {self._param_name(group, p)} has shape "
-                    f"{found}, expected {tuple(shape)} for a parameter of shape {tuple(p.shape)}: the "
-                    "loaded state_dict belongs to another model or parameter order. Load the "
-                    "checkpoint into the model it was saved from, or start this optimizer fresh.",
-                    problems=[("state", f"{key} shape {found} != {tuple(shape)}")], target="Adafactor",
+            if value is not None and not isinstance(value, Tensor):
+                raise StepError(
+                    f"Adafactor cannot step: the state {key!r} of {self._where(group, p)} is a "
+                    f"{type(value).__name__}, not a tensor; the optimizer state was edited or belongs to another "
+                    "optimizer. Load a checkpoint of this optimizer (or start it fresh).",
+                    param=self._where(group, p),
                 )
 
     def _init_state(self, group: dict[str, Any], p: Tensor) -> None:
@@ -307,10 +295,13 @@ class Adafactor(Optimizer):
             memo = self._memo.get(id(p))
             if memo is None:
                 memo = self._memo[id(p)] = array("d", (math.nan, 0.0))
-        if not batch.add(p, p.grad, exp_avg, stats, rms, scalars, memo=0 if memo is None else memo.buffer_info()[0],
-                         shape=shape):
-            return None
-        return state
+        try:
+            added = batch.add(p, p.grad, exp_avg, stats, rms, scalars,
+                              memo=0 if memo is None else memo.buffer_info()[0], shape=shape)
+        except ValueError as exc:  # a tensor whose storage no longer holds it: no path may read it
+            raise StepError(f"Adafactor cannot step {self._where(group, p)}: {exc}",
+                            param=self._where(group, p)) from exc
+        return state if added else None
 
     def _update(self, group: dict[str, Any], p: Tensor, inv_scale: float) -> None:
         """The functional update of ``p``: eager, through ``torch.compile``
@@ -348,14 +339,14 @@ class Adafactor(Optimizer):
         otherwise, and the first moment only with beta1."""
         return state_shapes(p, group["beta1"])
 
-    @staticmethod
-    def _param_name(group: dict[str, Any], p: Tensor) -> str:
-        """The parameter's name where the group has names, else its place."""
-        index = next(i for i, q in enumerate(group["params"]) if q is p)
+    def _where(self, group: dict[str, Any], p: Tensor) -> str:
+        """How an error names ``p``, as the contract's preamble does: by name
+        where the group has names, and by its place and shape."""
+        index = next(k for k, g in enumerate(self.param_groups) if g is group)
+        i = next(k for k, q in enumerate(group["params"]) if q is p)
         names = group.get("param_names")
-        if names and index < len(names):
-            return repr(names[index])
-        return f"#{index} of param group {group.get('name', '')!r}".replace(" ''", "")
+        name = f"{names[i]!r} " if names and i < len(names) else ""
+        return f"parameter {name}(#{i} of param group {index}, shape {tuple(p.shape)})"
 
     # --------------------------------------------------------------- checkpoint
     def load_state_dict(  # type: ignore[override]
