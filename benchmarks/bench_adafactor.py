@@ -38,6 +38,11 @@ optcore's Adafactor runs in each of its implementations: ``c`` (C loops for
 fp32 CPU matrices), ``torch`` (chunked torch ops) and ``compiled`` (the update
 through torch.compile; its compile time is spent in the warm-up, not timed).
 
+``--baseline DIR`` times another checkout's optcore_adafactor too (``DIR`` is
+that plugin's ``src`` folder, e.g. ``/path/to/main/plugins/optcore-adafactor/src``),
+loaded under another module name, in the same rounds: a change's ratios and
+the ones it is measured against come from one run.
+
 Peers: transformers' Adafactor (the reference semantics), pytorch_optimizer's
 AdaFactor, timm.optim.Adafactor and torch.optim.Adafactor (its own semantics
 and defaults; no beta1).
@@ -48,10 +53,13 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import importlib.util
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -67,6 +75,8 @@ Factory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
 
 PEERS = {"enabled": True}
+#: another checkout's optcore_adafactor ``src`` folder to time beside this one (``--baseline``)
+BASELINE: dict[str, str | None] = {"src": None}
 #: optcore's implementations to time (``--ours``)
 OURS = ["c", "torch", "compiled"]
 
@@ -97,6 +107,12 @@ def implementations(beta1: float | None, mode: str) -> dict[str, Factory]:
         peers["torch.optim.Adafactor"] = ("torch.optim", "Adafactor", {})
     if not PEERS["enabled"] or mode != "relative":
         peers = {k: v for k, v in peers.items() if k == "transformers Adafactor"}  # the x HF column needs it
+    if BASELINE["src"]:
+        base = load_baseline(BASELINE["src"])
+        impls.update({
+            f"optcore_adafactor ({impl}, baseline)": lambda ps, impl=impl: base(ps, beta1=beta1, implementation=impl, **extra)
+            for impl in OURS
+        })
     for name, (module, attr, kwargs) in peers.items():
         try:
             cls = getattr(importlib.import_module(module), attr)
@@ -105,6 +121,21 @@ def implementations(beta1: float | None, mode: str) -> dict[str, Factory]:
             continue
         impls[name] = lambda ps, cls=cls, kw=kwargs: cls(ps, **kw)
     return impls
+
+
+def load_baseline(src: str) -> type[torch.optim.Optimizer]:
+    """``Adafactor`` of the optcore_adafactor package in ``src``, imported as
+    ``baseline_optcore_adafactor`` so that it does not replace this one."""
+    package = Path(src) / "optcore_adafactor"
+    spec = importlib.util.spec_from_file_location(
+        "baseline_optcore_adafactor", package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--baseline: no optcore_adafactor package in {src}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.Adafactor  # type: ignore[no-any-return]
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> int:
@@ -197,6 +228,7 @@ def main() -> None:
     parser.add_argument("--modes", default="relative", help="comma-separated from relative, manual (see MODES)")
     parser.add_argument("--ours", default=",".join(OURS), help="optcore implementations to time (c,torch,compiled)")
     parser.add_argument("--peers", default="all", help="'all', or 'none' for optcore's implementations only")
+    parser.add_argument("--baseline", metavar="DIR", help="another checkout's plugin src folder to time beside this one")
     parser.add_argument("--json", metavar="PATH", help="also write the rows (docs/figures.py renders the plugin README from them)")
     args = parser.parse_args()
     unknown = [m for m in args.modes.split(",") if m.strip() not in MODES]
@@ -205,6 +237,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     OURS[:] = [x.strip() for x in args.ours.split(",") if x.strip()]
     PEERS["enabled"] = args.peers != "none"
+    BASELINE["src"] = args.baseline
     configs = {"10M": (10e6, 512, 5), "100M": (100e6, 1024, 2)}  # size -> (params, d_model, steps per round)
     rows, load = [], os.getloadavg()[0]
     for size in args.sizes.split(","):

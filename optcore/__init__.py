@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigError, OptcoreError, OptimizerNotFoundError, PluginLoadError, SchedulerNotFoundError
+from ._errors import ConfigError, OptcoreError, OptimizerNotFoundError, PluginLoadError
+from ._errors import SchedulerNotFoundError, StepError
 from ._version import __version__
 
 #: public name -> the module that defines it (the TYPE_CHECKING block below
@@ -37,6 +38,7 @@ __all__ = [
     "OptimizerNotFoundError",
     "PluginLoadError",
     "SchedulerNotFoundError",
+    "StepError",
     "__version__",
     *_LAZY,
 ]

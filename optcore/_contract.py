@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ._checkpoint import check_identity
-from ._errors import ConfigError
+from ._errors import ConfigError, StepError
 from ._grads import by_device_and_dtype, params_with_grad, total_grad_norm
 from ._values import clean_text
 from .guards import check_state_dict
@@ -217,7 +217,7 @@ class ContractMixin:
             indices = [i for i, n in enumerate(names) if n == key] if isinstance(key, str) else [key]
             if not indices or any(isinstance(i, bool) or not isinstance(i, int) or not -count <= i < count for i in indices):
                 known = list(dict.fromkeys(n for n in names if n is not None))
-                raise ConfigError(
+                raise StepError(
                     f"step(groups=...) names unknown group {key!r}; groups are selected by "
                     f"index (0..{count - 1}) or by name ({known or 'none named'})."
                 )
@@ -244,7 +244,7 @@ class ContractMixin:
     def _contract_step(self, closure: Callable[[], float] | None, scale: float, groups: GroupSelector) -> float | None:
         if self._passes_closure:
             if scale != 1.0 or groups is not None:
-                raise ConfigError(
+                raise StepError(
                     f"{type(self).__name__} re-evaluates the closure inside step, so it cannot take "
                     "scale= or groups=; unscale the loss in the closure instead."
                 )
@@ -256,7 +256,7 @@ class ContractMixin:
                 if not param_groups_assignable(type(self))
                 else "its update may couple param groups (or optcore cannot vouch that it does not)"
             )
-            raise ConfigError(
+            raise StepError(
                 f"{type(self).__name__} does not support step(groups=...): {why}. Step all groups, or use an "
                 "optimizer whose supports_groups is True."
             )

@@ -74,6 +74,14 @@ class ConfigError(OptcoreError, ValueError):
         super().__init__(message)
 
 
+class StepError(OptcoreError, RuntimeError):
+    """A ``step()`` that cannot run on what it was given, raised before anything changes (docs/contract.md)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.message, self.param = message, param
+        super().__init__(message)
+
+
 class PluginLoadError(OptcoreError, ImportError):
     """A plugin entry point that failed to load, naming the distribution to fix."""
 

@@ -91,12 +91,12 @@ def test_groups_selection(model):
     opt.step(groups=["head"])
     changed = [not torch.equal(a, p) for a, p in zip(before, model.parameters())]
     assert changed == [False, False, False, False, True, True]
-    with pytest.raises(optcore.ConfigError, match="unknown group"):
+    with pytest.raises(optcore.StepError, match="unknown group"):
         opt.step(groups=["nope"])
-    with pytest.raises(optcore.ConfigError, match="index"):
+    with pytest.raises(optcore.StepError, match="index"):
         opt.step(groups=[7])
-    for bad in (1.0, True, [None]):  # neither an index nor a name: a ConfigError, not a TypeError
-        with pytest.raises(optcore.ConfigError, match="unknown group"):
+    for bad in (1.0, True, [None]):  # neither an index nor a name: a StepError, not a TypeError
+        with pytest.raises(optcore.StepError, match="unknown group"):
             opt.step(groups=bad)
     opt.step(groups=(g for g in ["head", 0]))  # any iterable of names and indices
 
@@ -178,7 +178,7 @@ def test_plain_step_does_not_assign_param_groups(model):
     assert opt.supports_groups is False
     moved = [p.detach().clone() for p in model.parameters()]
     _grads(model)
-    with pytest.raises(optcore.ConfigError, match="groups"):
+    with pytest.raises(optcore.StepError, match="groups"):
         opt.step(groups=[0])
     assert all(torch.equal(a, p) for a, p in zip(moved, model.parameters())), "a refused step changed params"
 
@@ -223,7 +223,7 @@ def test_groups_on_read_only_param_groups_is_a_clear_error():
     p.grad = torch.ones(3)
     opt.step()  # the plain path works
     assert torch.equal(p.detach(), torch.full((3,), -0.1))
-    with pytest.raises(optcore.ConfigError, match="read-only property"):
+    with pytest.raises(optcore.StepError, match="read-only property"):
         opt.step(groups=[0])
     assert torch.equal(p.detach(), torch.full((3,), -0.1))
 

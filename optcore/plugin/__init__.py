@@ -1,7 +1,7 @@
 """The plugin authors' API: what an optimizer or hook plugin builds on.
 
 ``optcore`` is the users' API (build, resolve, register, schedule); this module
-is the authors': the contract's base classes, the schema helpers, the hook
+is the authors': the contract's base classes and step preamble, the schema helpers, the hook
 marker, the tensor-grouping helpers and the conformance kit's entry points.
 A plugin imports only these two modules (and ``optcore.testing`` in its
 tests); import-linter and ``tests/test_architecture.py`` hold plugins to that.
@@ -27,6 +27,7 @@ _LAZY = {
         "optcore._schema": "validate_hparams schema_from_signature",
         "optcore._literals": "parse_optim_args parse_literal",
         "optcore._hooks": "hookimpl",
+        "optcore.plugin._step": "prepare_step PreparedStep",
         "optcore.testing": "conformance_cases run_check run_conformance ConformanceInputs ConformanceSkip",
     }.items()
     for name in names.split()
@@ -56,4 +57,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from optcore._hooks import hookimpl
     from optcore._literals import parse_literal, parse_optim_args
     from optcore._schema import schema_from_signature, validate_hparams
+    from optcore.plugin._step import PreparedStep, prepare_step
     from optcore.testing import ConformanceInputs, ConformanceSkip, conformance_cases, run_check, run_conformance

@@ -252,6 +252,42 @@ def check_none_grads(config: dict[str, Any], inputs: ConformanceInputs, dtype: t
     assert torch.equal(frozen_before, m.fc2.weight.detach()), "a parameter without grad was changed"
 
 
+def check_step_errors(config: dict[str, Any], inputs: ConformanceInputs, dtype: torch.dtype = F32) -> None:
+    """Where the inputs say the step takes the contract's preamble: a sparse
+    gradient, state of another shape than its parameter (a fused kernel would
+    read past its end) and a scale that is not positive are each a StepError
+    naming what is wrong, raised before any parameter or state changes."""
+    if not inputs.step_errors:
+        return
+    from .._errors import StepError
+
+    m = model(inputs, dtype=dtype)
+    opt = build(config, m)
+    train(opt, m, 1, inputs)  # state exists
+    state = next(s for s in opt.state.values() if any(isinstance(v, torch.Tensor) and v.dim() for v in s.values()))
+    key = next(k for k, v in state.items() if isinstance(v, torch.Tensor) and v.dim())
+    kept = state[key]
+    cases = {
+        "a sparse gradient": ("sparse", lambda: setattr(m.fc2.weight, "grad", m.fc2.weight.grad.to_sparse())),
+        f"state {key!r} of another shape": ("has shape", lambda: state.__setitem__(key, kept.new_zeros(kept.numel() + 3))),
+        "scale=0": ("scale", lambda: None),
+    }
+    for what, (words, spoil) in cases.items():
+        opt.zero_grad()
+        opt.backward(loss(m, data(1, dtype)))
+        before, saved = params(m), copy.deepcopy(opt.state_dict()["state"])
+        spoil()
+        try:
+            opt.step(scale=0.0) if what == "scale=0" else opt.step()
+        except StepError as exc:
+            assert words in str(exc), f"the StepError for {what} does not say {words!r}: {exc}"
+        else:
+            raise AssertionError(f"step() with {what} raised no StepError")
+        state[key] = kept
+        assert all(torch.equal(a, b) for a, b in zip(before, params(m))), f"a step refused for {what} changed a parameter"
+        assert _same_state(opt.state_dict()["state"], saved), f"a step refused for {what} changed the state"
+
+
 def check_lr_scheduler(config: dict[str, Any], inputs: ConformanceInputs, dtype: torch.dtype = F32) -> None:
     """torch's LR schedulers drive the optimizer (and the contract's get_lr follows)."""
     m = model(inputs, dtype=dtype)
@@ -334,6 +370,7 @@ CHECKS: dict[str, Check] = {
     "closure": check_closure,
     "groups": check_groups,
     "none_grads": check_none_grads,
+    "step_errors": check_step_errors,
     "lr_scheduler": check_lr_scheduler,
     "deepcopy": check_deepcopy,
     "pickle": check_pickle,

@@ -48,6 +48,9 @@ class ConformanceInputs:
     #: parameter dtypes the optimizer supports (names from :data:`DTYPES`); every
     #: check runs in each. Full precision by default; bf16/fp16 where declared.
     dtypes: tuple[str, ...] = _FULL_PRECISION
+    #: step() takes the contract's preamble (optcore.plugin.prepare_step): a sparse
+    #: gradient, state of another shape and a bad scale are StepErrors that change nothing
+    step_errors: bool = False
     #: checks to skip, with the reason (shown as the skip message)
     skip: dict[str, str] = field(default_factory=dict)
 

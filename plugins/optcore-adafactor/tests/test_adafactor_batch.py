@@ -9,7 +9,7 @@ import ctypes
 import pytest
 import torch
 
-from optcore import ConfigError
+from optcore import ConfigError, StepError
 from optcore.kernels import pointer_problem
 from optcore_adafactor import Adafactor, _cpu_kernel
 
@@ -120,7 +120,8 @@ def test_freed_storage_is_refused_before_anything_is_stepped(which: str) -> None
         "exp_avg_sq": opt.state[vector]["exp_avg_sq"],
     }[which]
     freed.untyped_storage().resize_(0)
-    with pytest.raises(ValueError, match=r"has no allocated storage of its size \(freed"):
+    freed_error = r"parameter \(#[01] of param group 0, .*has no allocated storage of its size \(freed"
+    with pytest.raises(StepError, match=freed_error):
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(before, (vector, other)))
     assert all(opt.state[p]["step"] == 1 for p in (matrix, vector, other))
@@ -171,10 +172,10 @@ def test_batch_refuses_mismatched_state_strictly_and_falls_back_otherwise() -> N
     scalars = (0.5, 1.0, 1e-30, 1e-3, 1e-2, 1.0, 0.0, 0.0)
     batch = _cpu_kernel.Batch.new()
     assert batch is not None
-    assert batch.add(w, g, None, (row, col), None, scalars) is None and len(batch) == 0
+    assert not batch.add(w, g, None, (row, col), None, scalars) and len(batch) == 0
     with pytest.raises(ValueError, match=r"exp_avg_sq_col is torch.float64, not torch.float32"):
         batch.add(w, g, None, (row, col), None, scalars, strict=True)
-    assert batch.add(w, g, None, (row, col.float()), None, scalars) is not None and len(batch) == 1
+    assert batch.add(w, g, None, (row, col.float()), None, scalars) and len(batch) == 1
 
 
 def _stepped(beta1: float | None = None) -> tuple[torch.Tensor, torch.Tensor, Adafactor]:
@@ -187,20 +188,28 @@ def _stepped(beta1: float | None = None) -> tuple[torch.Tensor, torch.Tensor, Ad
     return matrix, vector, opt
 
 
-def test_state_the_loops_took_is_not_checked_again_but_other_parameters_are(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second step of unchanged fp32 state skips the state check (the
-    Python time of a step on many small tensors); a torch-path parameter is
-    checked every step."""
+def test_every_tensor_of_every_parameter_is_checked_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No step trusts what an earlier one checked: each hands every tensor of
+    a batched parameter (param, grad, statistics, RMS) through the kernel's
+    pointer check, and a torch-path parameter through the optimizer's check."""
     matrix, vector, opt = _stepped()
     other = torch.randn(6, 4, dtype=torch.bfloat16, requires_grad=True)
     opt.add_param_group({"params": [other]})
     other.grad = torch.randn_like(other)
+    pointed: list[torch.Tensor] = []
+    pointer = _cpu_kernel._pointer
+    monkeypatch.setattr(_cpu_kernel, "_pointer", lambda name, t, shape: (pointed.append(t), pointer(name, t, shape))[1])
     checked: list[torch.Tensor] = []
     check = Adafactor._check
     monkeypatch.setattr(Adafactor, "_check", lambda self, group, p: (checked.append(p), check(self, group, p))[1])
-    opt.step()
-    assert [p is other for p in checked] == [True]
-    opt.step()
+    for step in range(2):
+        pointed.clear()
+        opt.step()
+        for p in (matrix, vector):
+            state = opt.state[p]
+            stats = ("exp_avg_sq_row", "exp_avg_sq_col") if p.dim() == 2 else ("exp_avg_sq",)
+            for t in (p, p.grad, *(state[k] for k in stats), state["RMS"]):
+                assert any(q is t for q in pointed)
     assert [p is other for p in checked] == [True, True]
     assert all(opt.state[p]["step"] == s for p, s in ((matrix, 3), (vector, 3), (other, 2)))
 
@@ -217,10 +226,10 @@ def test_state_changed_between_steps_is_checked_again(change: str) -> None:
     state = opt.state[matrix]
     if change == "replaced, wrong shape":
         state["exp_avg_sq_row"] = torch.zeros(4)
-        error, match = RuntimeError, r"'exp_avg_sq_row' of parameter #0 .* has shape \(4,\), expected \(16,\)"
+        error, match = StepError, r"'exp_avg_sq_row' of parameter \(#0 .* has shape \(4,\), not \(16,\)"
     elif change == "resized in place":
         state["exp_avg_sq_col"].resize_(3)
-        error, match = RuntimeError, r"'exp_avg_sq_col' of parameter #0 .* has shape \(3,\), expected \(8,\)"
+        error, match = StepError, r"'exp_avg_sq_col' of parameter \(#0 .* has shape \(3,\), not \(8,\)"
     elif change == "loaded from another model":
         other, _, other_opt = _stepped()
         saved = other_opt.state_dict()
@@ -228,13 +237,13 @@ def test_state_changed_between_steps_is_checked_again(change: str) -> None:
         with pytest.raises(ConfigError, match=r"'exp_avg_sq_row' has shape \(5,\), expected \(16,\)"):
             opt.load_state_dict(saved)  # refused at load; put in by hand, the step still sees it
         state.update(saved["state"][0])
-        error, match = RuntimeError, r"has shape \(5,\), expected \(16,\).*belongs to another model"
+        error, match = StepError, r"has shape \(5,\), not \(16,\).*belongs to another model"
     elif change == "param reshaped":  # the state is untouched, but the loops would take p's new sizes
         matrix.data = torch.randn(64, 8)
-        error, match = RuntimeError, r"'exp_avg_sq_row' of parameter #0 .* has shape \(16,\), expected \(64,\)"
+        error, match = StepError, r"'exp_avg_sq_row' of parameter \(#0 .* has shape \(16,\), not \(64,\)"
     else:
         state["exp_avg_sq_row"].untyped_storage().resize_(0)
-        error, match = ValueError, r"has no allocated storage of its size \(freed"
+        error, match = StepError, r"parameter \(#0 of param group 0, .*has no allocated storage of its size \(freed"
     for p in (matrix, vector):
         p.grad = torch.randn_like(p)
     before = [p.detach().clone() for p in (matrix, vector)]
@@ -244,8 +253,8 @@ def test_state_changed_between_steps_is_checked_again(change: str) -> None:
 
 
 def test_a_new_gradient_the_loops_cannot_take_is_checked_or_stepped_by_torch() -> None:
-    """The state is known, the gradient is new every step: a sparse one gets
-    the first step's error, a non-contiguous one the torch path, same numbers."""
+    """The gradient is new every step: a sparse one gets the first step's
+    error, a non-contiguous one the functional update, same numbers."""
     torch.manual_seed(0)
     matrix, vector, opt = _stepped()
     torch.manual_seed(0)
@@ -253,7 +262,7 @@ def test_a_new_gradient_the_loops_cannot_take_is_checked_or_stepped_by_torch() -
     for group in twin_opt.param_groups:
         group["implementation"] = "torch"
     matrix.grad = torch.randn(16, 8).to_sparse()
-    with pytest.raises(RuntimeError, match="does not support sparse gradients"):
+    with pytest.raises(StepError, match="is sparse"):
         opt.step()
     grad = torch.randn(8, 16).t()  # non-contiguous: the torch path takes it
     matrix.grad, twin.grad = grad, grad.clone()
@@ -275,7 +284,7 @@ def test_switching_on_a_first_moment_after_a_step_creates_its_state() -> None:
 
 def _memo(opt: Adafactor, p: torch.Tensor) -> tuple[float, float]:
     """(sum x^2 the loops wrote last step, whether they found x changed)."""
-    memo = opt._known[p][3]
+    memo = opt._memo[id(p)]
     return memo[0], memo[1]
 
 
@@ -300,12 +309,12 @@ def test_rms_of_x_comes_from_the_last_write_once_known(monkeypatch: pytest.Monke
         written, changed = _memo(opt, matrix)
         assert changed == 0.0 and written == pytest.approx(float(matrix.detach().double().pow(2).sum()), rel=1e-6)
     assert read_x == [[1.0, 1.0]] + [[0.0, 1.0]] * 3
-    assert vector not in opt._known or opt._known[vector][3] is None  # vectors: one pass reads everything anyway
+    assert id(vector) not in opt._memo  # vectors: one pass reads everything anyway
     manual = Adafactor([torch.randn(4, 4, requires_grad=True)], lr=1e-2, relative_step=False, scale_parameter=False)
     p = manual.param_groups[0]["params"][0]
     p.grad = torch.randn_like(p)
     manual.step()
-    assert manual._known[p][3] is None  # no RMS(x), nothing to remember
+    assert id(p) not in manual._memo  # no RMS(x), nothing to remember
 
 
 CHANGES = {

@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 import optcore
-from optcore_adafactor import Adafactor, _traceable
+from optcore_adafactor import Adafactor, functional
 
 hf = pytest.importorskip("transformers.optimization")
 
@@ -96,7 +96,7 @@ def test_compiled_step_has_no_graph_break_and_no_recompile_per_step() -> None:
 def counter(monkeypatch: pytest.MonkeyPatch) -> CompileCounter:
     """implementation='compiled' with a counting backend (eager execution)."""
     counter = CompileCounter()
-    monkeypatch.setattr(_traceable.CompiledUpdates, "backend", counter)
+    monkeypatch.setattr(functional.CompiledUpdate, "backend", counter)
     return counter
 
 

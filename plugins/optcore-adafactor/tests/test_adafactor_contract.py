@@ -9,7 +9,7 @@ import io
 import pytest
 import torch
 
-from optcore import ConfigError
+from optcore import ConfigError, StepError
 from optcore_adafactor import Adafactor, relative_step_size
 
 SHAPES = [(12, 9), (2, 3, 4, 5), (9,)]
@@ -220,16 +220,45 @@ def test_sparse_gradient_is_refused_before_anything_changes() -> None:
     emb.grad = torch.randn(10, 3).to_sparse()
     opt = Adafactor([dense, emb])
     before = dense.detach().clone()
-    with pytest.raises(RuntimeError, match="sparse gradients"):
+    with pytest.raises(StepError, match="sparse"):
         opt.step()
     assert torch.equal(before, dense) and dense not in opt.state
 
 
+@pytest.mark.parametrize("implementation", ["auto", "torch"])
+def test_gradient_of_another_shape_is_a_step_error(implementation: str) -> None:
+    """Adafactor's own check after the contract's: named by place and shape, nothing moves."""
+    w, v = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    w.grad, v.grad = torch.randn(4, 3), torch.randn(3)
+    opt = Adafactor([v, w], implementation=implementation)
+    w.data = torch.randn(6, 2)  # the gradient keeps the old shape
+    before = [v.detach().clone(), w.detach().clone()]
+    named = r"gradient of parameter \(#1 of param group 0, shape \(6, 2\)\) has shape \(4, 3\)"
+    with pytest.raises(StepError, match=named):
+        opt.step()
+    assert torch.equal(before[0], v) and torch.equal(before[1], w) and not opt.state
+
+
+def test_state_that_is_not_a_tensor_is_a_step_error() -> None:
+    w = torch.randn(4, 3, requires_grad=True)
+    opt = Adafactor([w])
+    w.grad = torch.randn(4, 3)
+    opt.step()
+    opt.state[w]["exp_avg_sq_row"] = 0.5
+    before = w.detach().clone()
+    with pytest.raises(StepError, match=r"'exp_avg_sq_row' of parameter \(#0 .* is a float, not a tensor") as info:
+        opt.step()
+    assert info.value.param is not None and torch.equal(before, w) and opt.state[w]["step"] == 1
+
+
 def test_complex_parameter_is_refused_with_advice() -> None:
+    """At construction, as Lion refuses one; a group added later likewise."""
     z = torch.randn(3, 3, dtype=torch.complex64, requires_grad=True)
-    z.grad = torch.randn(3, 3, dtype=torch.complex64)
-    with pytest.raises(RuntimeError, match="view_as_real"):
-        Adafactor([z]).step()
+    with pytest.raises(ConfigError, match="view_as_real"):
+        Adafactor([z])
+    opt = Adafactor([torch.randn(3, requires_grad=True)])
+    with pytest.raises(ConfigError, match="view_as_real"):
+        opt.add_param_group({"params": [z]})
 
 
 def test_state_of_another_model_is_refused_before_anything_changes() -> None:
@@ -249,10 +278,10 @@ def test_state_of_another_model_is_refused_before_anything_changes() -> None:
 
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan")])
-def test_bad_scale_is_a_config_error(scale: float) -> None:
+def test_bad_scale_is_a_step_error(scale: float) -> None:
     params = _model()
     _grads(params, 0)
-    with pytest.raises(ConfigError, match="scale"):
+    with pytest.raises(StepError, match="scale"):
         Adafactor(params).step(scale=scale)
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from optcore_adafactor import Adafactor, _traceable, relative_step_size
+from optcore_adafactor import Adafactor, functional, relative_step_size
 
 hf = pytest.importorskip("transformers.optimization")
 
@@ -24,7 +24,7 @@ def _pair(**config):
 @pytest.mark.parametrize("implementation", ["auto", "torch", "compiled"])
 @pytest.mark.parametrize("config", [{}, {"scale_parameter": False}, {"warmup_init": True}, {"beta1": 0.9}])
 def test_logged_lr_is_the_step_size_applied(monkeypatch: pytest.MonkeyPatch, implementation: str, config: dict) -> None:
-    monkeypatch.setattr(_traceable.CompiledUpdates, "backend", "eager")
+    monkeypatch.setattr(functional.CompiledUpdate, "backend", "eager")
     ours, ref = _pair()
     opt = Adafactor([{"params": ours[:1]}, {"params": ours[1:], "lr_scale": 0.5}], implementation=implementation, **config)
     ref_opt = hf.Adafactor(ref, **config)

@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from optcore_adafactor import Adafactor
-from optcore_adafactor import _cpu_kernel, _kernels, _traceable
+from optcore_adafactor import _cpu_kernel, functional
 
 hf = pytest.importorskip("transformers.optimization")
 
-#: matrices (several chunks once CHUNK_ELEMS is small), a wide and a tall one,
-#: a conv kernel (factored over its last two dims), vectors and a scalar
+#: matrices, a wide and a tall one, a conv kernel (factored over its last two dims), vectors and a scalar
 SHAPES = [(40, 24), (7, 300), (300, 5), (4, 3, 5, 6), (24,), (1,), ()]
 
 MODES = {
@@ -35,28 +34,26 @@ MODES = {
 IMPLEMENTATION = {"name": "auto"}
 
 
-@pytest.fixture(autouse=True, params=["c-kernel", "torch-ops", "traceable"])
+@pytest.fixture(autouse=True, params=["c-kernel", "functional", "compiled"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs on each CPU path: the C loops (where a compiler is
-    found), torch ops in chunks of 64 elements (so every matrix takes several),
-    and the traceable whole-tensor update (implementation='compiled', run here
-    by torch.compile's eager backend to keep the sweep fast; test_adafactor_compile
-    runs inductor)."""
+    found), the functional update eagerly, and the functional update through
+    torch.compile (implementation='compiled', run here by torch.compile's eager
+    backend to keep the sweep fast; test_adafactor_compile runs inductor)."""
     IMPLEMENTATION["name"] = "auto"
     if request.param == "c-kernel":
         if _cpu_kernel.load() is None:
             pytest.skip(f"C kernel unavailable: {_cpu_kernel.unavailable_reason}")
-    elif request.param == "traceable":
+    elif request.param == "compiled":
         torch._dynamo.reset()  # many optimizers in one process: start each test with a clean cache
-        monkeypatch.setattr(_traceable.CompiledUpdates, "backend", "eager")
+        monkeypatch.setattr(functional.CompiledUpdate, "backend", "eager")
         monkeypatch.setitem(IMPLEMENTATION, "name", "compiled")
     else:
         monkeypatch.setattr(_cpu_kernel, "load", lambda: None)
-    monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 64)
     return request.param
 
 
-def test_c_kernel_and_torch_ops_agree(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_c_kernel_and_functional_update_agree(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     if path != "c-kernel":
         pytest.skip("compares the two paths once")
     fast, _, _, _ = _run_both({"beta1": 0.9, "weight_decay": 0.01}, steps=20)
@@ -114,21 +111,8 @@ def test_low_precision_params_match_transformers(dtype: torch.dtype) -> None:
         assert all(v.dtype == torch.float32 for v in opt.state[a].values() if isinstance(v, torch.Tensor))
 
 
-def test_large_chunks_agree_with_small_chunks(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    """The chunked two-pass torch path does not depend on the chunk size."""
-    if path != "torch-ops":
-        pytest.skip("a property of the torch path")
-    monkeypatch.setattr(_cpu_kernel, "load", lambda: None)
-    monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 1 << 19)
-    big, ref, _, _ = _run_both({"beta1": 0.9}, steps=10)
-    monkeypatch.setattr(_kernels, "CHUNK_ELEMS", 64)
-    small, _, _, _ = _run_both({"beta1": 0.9}, steps=10)
-    _assert_close(big, small, 1e-6)
-    _assert_close(big, ref, 1e-5)
-
-
 def test_non_contiguous_params_match_transformers() -> None:
-    """A transposed weight takes the whole-tensor path and still matches."""
+    """A transposed weight (which the C loops do not take) matches too."""
     gen = torch.Generator().manual_seed(1)
     base = torch.randn(30, 20, generator=gen)
     a = base.clone().t().requires_grad_()  # non-contiguous leaf

@@ -93,9 +93,9 @@ def test_conformance_per_dtype_and_implementation(
     """The kit in every dtype Adafactor declares, on each implementation
     ('compiled' traced by dynamo and run by the eager backend here, to keep the
     kit quick; test_adafactor_compile runs inductor)."""
-    from optcore_adafactor import _traceable
+    from optcore_adafactor import functional
 
-    monkeypatch.setattr(_traceable.CompiledUpdates, "backend", "eager")
+    monkeypatch.setattr(functional.CompiledUpdate, "backend", "eager")
     if implementation == "compiled":
         # Each check builds new shapes; across the whole matrix in one process they would pass
         # dynamo's recompile limit (8) for the one update function (see the plugin README).

@@ -230,7 +230,7 @@ def test_bad_hyper_parameters_are_config_errors(bad, field) -> None:
 def test_stepping_some_groups_is_refused() -> None:
     model = _model()
     opt = AdaScaleSGD(_groups(model), num_gradients_to_accumulate=2)
-    with pytest.raises(optcore.ConfigError, match="all param groups"):
+    with pytest.raises(optcore.StepError, match="all param groups"):
         opt.step(groups=[0])
 
 
@@ -522,3 +522,28 @@ def test_param_reached_only_by_an_earlier_backward_is_measured_from_grad() -> No
         runs.append((gains, a.detach().clone(), b.detach().clone()))
     assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-6) and runs[0][0][0] > 1.0
     torch.testing.assert_close(runs[0][1:], runs[1][1:], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("spoil", ["sparse gradient", "momentum of another shape"])
+def test_a_step_it_cannot_take_is_a_step_error_that_changes_nothing(spoil: str) -> None:
+    model = _model()
+    opt = AdaScaleSGD(model.parameters(), num_gradients_to_accumulate=2, **KW)
+    _train(model, opt, 1)
+    x, y = _batch(5, 0)
+    for _ in range(2):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    bias = model[2].bias
+    kept = opt.state[bias]["momentum_buffer"]
+    if spoil == "sparse gradient":
+        bias.grad = bias.grad.to_sparse()
+    else:
+        opt.state[bias]["momentum_buffer"] = torch.zeros(7)
+    before, gain = [p.detach().clone() for p in model.parameters()], opt.gain()
+    with pytest.raises(optcore.StepError, match="sparse" if spoil == "sparse gradient" else r"shape \(7,\), not \(2,\)"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())) and opt.gain() == gain
+    assert issubclass(AccumulationError, optcore.StepError)
+    bias.grad = bias.grad.to_dense()
+    opt.state[bias]["momentum_buffer"] = kept
+    opt.step()  # the accumulation is intact: the loop goes on
+    assert not torch.equal(before[-1], bias.detach())

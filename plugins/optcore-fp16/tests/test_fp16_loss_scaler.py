@@ -11,7 +11,7 @@ from fp16_helpers import adamw, all_finite, data, loss_fn, mlp, poison, same, sn
 from optcore_fp16 import DynamicLossScaler, FP16Optimizer, MinimumLossScaleError
 
 import optcore
-from optcore import ConfigError, OptcoreError
+from optcore import ConfigError, OptcoreError, StepError
 
 # Overflow pattern of the 200-step run: isolated, back-to-back, and a burst
 # long enough to drive the scale down several times, then a long clean stretch.
@@ -146,6 +146,7 @@ def test_minimum_error_is_optcore_and_floating_point_and_says_what_was_measured(
     with pytest.raises(MinimumLossScaleError) as err:
         s.update(True)  # 2 -> 1 reaches the minimum
     assert isinstance(err.value, OptcoreError) and isinstance(err.value, FloatingPointError)
+    assert isinstance(err.value, StepError) and isinstance(err.value, RuntimeError)
     message = str(err.value)
     assert "overflowed (inf/NaN) on 4 of the last 100 steps" in message
     assert "4 of 100 steps skipped in all" in message and "every scale" not in message

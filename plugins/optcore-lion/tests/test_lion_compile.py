@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from optcore_lion import Lion, _compiled
+from optcore_lion import Lion, functional
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
@@ -130,8 +130,8 @@ def test_tensor_lr_gives_the_float_lr_result_on_every_path():
 
 def test_compiled_implementation_compiles_once_per_shapes_class(monkeypatch):
     cnt = CompileCounter()
-    monkeypatch.setattr(_compiled, "_compiled", torch.compile(_compiled._update_one, dynamic=True, fullgraph=True,
-                                                              backend=cnt))
+    monkeypatch.setattr(functional, "_compiled", torch.compile(functional._update_one, dynamic=True, fullgraph=True,
+                                                               backend=cnt))
     shapes = [(64, 48), (48,), (5, 3, 2), (7,), (1,), (1, 1)]
     gen = torch.Generator().manual_seed(0)
     ours = [torch.randn(s, generator=gen, requires_grad=True) for s in shapes]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from optcore import ConfigError, OptcoreError
+from optcore import ConfigError, StepError
 from optcore_lion import Lion, LionConfig
 
 
@@ -64,7 +64,7 @@ def _two_groups_one_bad(bad_grad):
 def test_lion_step_with_a_sparse_grad_raises_before_updating_anything():
     opt, params = _two_groups_one_bad(torch.eye(5, 2).to_sparse())
     before = [p.detach().clone() for p in params]
-    with pytest.raises(OptcoreError, match="sparse"):
+    with pytest.raises(StepError, match="sparse"):
         opt.step()
     assert all(torch.equal(p, b) for p, b in zip(params, before))
     assert not opt.state  # no momentum was touched either
@@ -75,7 +75,7 @@ def test_lion_fused_true_needs_fp32_cpu_tensors():
     p.grad = torch.ones_like(p)
     opt = Lion([p], fused=True)
     before = p.detach().clone()
-    with pytest.raises(ConfigError, match="fused=None"):
+    with pytest.raises(StepError, match="fused=None"):
         opt.step()
     assert torch.equal(p, before)
 
@@ -83,11 +83,11 @@ def test_lion_fused_true_needs_fp32_cpu_tensors():
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("inf")])
 def test_lion_step_rejects_a_scale_that_is_not_positive(scale):
     opt, _ = _two_groups_one_bad(torch.ones(5, 2))
-    with pytest.raises(ConfigError, match="scale"):
+    with pytest.raises(StepError, match="scale"):
         opt.step(scale=scale)
 
 
 def test_lion_step_rejects_unknown_groups():
     opt, _ = _two_groups_one_bad(torch.ones(5, 2))
-    with pytest.raises(ConfigError, match="group"):
+    with pytest.raises(StepError, match="group"):
         opt.step(groups=[7])

@@ -9,7 +9,8 @@ Installing this distribution registers ``Adafactor`` in the entry-point group
 from __future__ import annotations
 
 from ._config import AdafactorConfig
-from .adafactor import Adafactor, relative_step_size
+from .adafactor import Adafactor
+from .functional import adafactor_update, relative_step_size
 
-__all__ = ["Adafactor", "AdafactorConfig", "relative_step_size"]
+__all__ = ["Adafactor", "AdafactorConfig", "adafactor_update", "relative_step_size"]
 __version__ = "0.1.0"

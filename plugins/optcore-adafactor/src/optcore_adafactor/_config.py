@@ -75,11 +75,12 @@ class AdafactorConfig(HParams):
     implementation: Literal["auto", "c", "torch", "compiled"] = Field(
         "auto",
         description=(
-            "How the update runs. 'c': C loops for float32 CPU matrices (built with the system C "
-            "compiler; an error if none works), torch ops elsewhere; 'torch': torch ops in cache-sized "
-            "chunks; 'compiled': the whole update as one torch.compile-d function per (device, dtype, "
-            "kind of parameter); 'auto': 'c' where it builds, else 'torch'. Under "
-            "torch.compile(opt.step) the traceable torch ops always run."
+            "How the update runs. 'torch': the functional update (adafactor_update) as torch ops; "
+            "'compiled': the same function through torch.compile, one graph per (device, dtype, kind "
+            "of parameter); 'c': one C call per step for the float32 CPU matrices and vectors (built "
+            "with the system C compiler; an error if none works), the functional update elsewhere; "
+            "'auto': 'c' where it builds, else 'torch'. Under torch.compile(opt.step) the functional "
+            "update is traced whatever is chosen."
         ),
     )
 

@@ -1,9 +1,10 @@
-"""Adafactor's step as plain C loops, for fp32 CPU tensors.
+"""Adafactor's step as plain C loops, for fp32 CPU tensors: the native
+backend of :func:`optcore_adafactor.functional.adafactor_update`.
 
-Written with torch ops (:mod:`optcore_adafactor._kernels`), the statistics
-pass costs three times the memory traffic it needs, and the dozen small ops
-around it (row mean, factors, RMS(U), RMS(p), ...) cost more than the passes
-on small tensors. ``adafactor_step_batch`` does the whole step of many
+Written as torch ops, the update allocates about six temporaries of the
+parameter's size and makes about a dozen passes over memory, and the small
+ops around it (row mean, factors, RMS(U), RMS(p), ...) cost more than the
+passes on small tensors. ``adafactor_step_batch`` does the whole step of many
 tensors in one call: per matrix, one pass reading G (and X, for RMS(X)) for
 the statistics, the O(n + m) work, and one pass reading G and X (and M) and
 writing X (and M); per vector the same with a full second moment. From the
@@ -14,6 +15,14 @@ relative-step mode moves 16 bytes per element, as manual-lr mode does. One call
 per optimizer step means one fork and join of the OpenMP threads and no
 Python in between: small tensors go whole to one thread each, large ones are
 split by rows over all threads (:data:`SHARED_MIN`).
+
+Update clipping needs RMS(U) before the parameter may change, which would
+be a third pass over G. It is not, because U_ij = G_ij r_i c_j with
+r_i² = mean(R)/R_i and c_j² = 1/C_j, so
+
+    sum U² = mean(R) * sum_j (sum_i G²_ij / R_i) / C_j
+
+and the inner sums come out of pass 1 once R_i of each row is known.
 
 The loops (``csrc/adafactor_fp32.c``) need no torch headers, so
 :func:`optcore.kernels.build_c_library` builds them with the system C
@@ -29,8 +38,8 @@ saying what is wrong), and nothing runs while torch.compile traces (the
 tensors are then stand-ins without memory).
 
 Where no compiler works, or with ``OPTCORE_ADAFACTOR_KERNEL=0``, :func:`load`
-returns ``None`` (the reason is in :data:`unavailable_reason`) and the torch
-path runs; both give the same numbers (tested).
+returns ``None`` (the reason is in :data:`unavailable_reason`) and the
+functional update runs; both give the same numbers (tested).
 """
 
 from __future__ import annotations
@@ -74,11 +83,7 @@ def load() -> ctypes.CDLL | None:
     )
     lib, unavailable_reason = build_c_library("adafactor_fp32", [SOURCE], flag_sets)
     if lib is not None:
-        i64, f, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-        lib.adafactor_stats.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, f, f, f, ctypes.c_int]
-        lib.adafactor_stats.restype = None
-        lib.adafactor_apply.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, f, f, ctypes.c_int]
-        lib.adafactor_apply.restype = None
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.adafactor_step_batch.argtypes = [i64, ptr, ptr, ptr, ptr, i64, ctypes.c_int]
         lib.adafactor_step_batch.restype = ctypes.c_int
     return lib
@@ -87,28 +92,6 @@ def load() -> ctypes.CDLL | None:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _F32 = torch.float32
 _STRIDED = torch.strided
-
-
-def _plain_cpu_fp32(t: Tensor) -> bool:
-    """A plain strided fp32 CPU tensor: not a subclass (FakeTensor,
-    FunctionalTensor, DTensor, ...), whose pointer would not be real memory."""
-    return type(t) in _PLAIN and t.is_cpu and t.dtype is _F32 and t.layout is torch.strided
-
-
-def eligible(*tensors: Tensor | None) -> bool:
-    """Whether the kernels take these tensors (fp32 contiguous CPU matrices,
-    ``None`` for an absent one) and are built. Never while torch.compile traces:
-    the tensors are then stand-ins without memory, so the traceable torch ops
-    must run instead."""
-    if torch.compiler.is_compiling():
-        return False
-    return all(t is None or (_plain_cpu_fp32(t) and t.dim() == 2 and t.is_contiguous()) for t in tensors) and (
-        load() is not None
-    )
-
-
-def _threads(n: int) -> int:
-    return max(1, min(torch.get_num_threads(), n))
 
 
 def _problem(name: str, t: Tensor | None, shape: Sequence[int]) -> str:
@@ -128,7 +111,7 @@ def _problem(name: str, t: Tensor | None, shape: Sequence[int]) -> str:
 def _pointer(name: str, t: Tensor | None, shape: Sequence[int]) -> int | None:
     """``t``'s data pointer if the loops may use it as ``shape`` fp32 elements;
     ``None`` if it is not a plain, contiguous, non-empty fp32 CPU tensor of that
-    shape (the torch ops take it instead). Raises if it is one, but its storage
+    shape (the functional update takes it instead). Raises if it is one, but its storage
     does not hold it (freed, as FSDP does with ``resize_(0)``): no path may
     read it then.
 
@@ -167,10 +150,6 @@ def _require(name: str, t: Tensor | None, shape: Sequence[int]) -> int:
     return ptr
 
 
-#: for the optimizer's own checks of a parameter and its gradient
-pointer = _pointer
-
-
 class Batch:
     """The C jobs of one optimizer step, run together by :meth:`run` (one
     call of ``adafactor_step_batch``: see the job layout in SOURCE).
@@ -203,51 +182,45 @@ class Batch:
     def add(
         self, param: Tensor, grad: Tensor, exp_avg: Tensor | None, stats: Sequence[Tensor], rms: Tensor | None,
         scalars: tuple[float, float, float, float, float, float, float, float], *, strict: bool = False,
-        memo: int = 0,
-    ) -> tuple[int, ...] | None:
+        memo: int = 0, shape: tuple[int, ...] | None = None,
+    ) -> bool:
         """Add the step of one parameter: a matrix (``stats`` = row, col
         statistics) or a vector or scalar (``stats`` = the full second moment).
         ``rms`` (the 0-dim state, or ``None`` without scale_parameter) receives
         RMS(X). ``scalars``: beta2t, inv_scale, eps1, eps2, rho, clip_threshold,
         beta1, weight_decay. ``memo``: the address of a matrix's two doubles
         that let pass 1 skip reading X (see SOURCE; NaN and 0 to start, kept
-        by the caller as long as it hands over the same state), or 0.
-        Returns the state's pointers (exp_avg, stats, rms, memo; 0 for an
-        absent one) if it was added, so :meth:`add_known` can take the
-        same state next step unchecked; ``None`` if a tensor is one the loops
-        cannot take (with ``strict``: a ``ValueError`` saying why)."""
-        shape = param.shape
+        by the caller for the parameter), or 0. Returns whether it was added:
+        ``False`` if a tensor is one the loops cannot take (with ``strict``: a
+        ``ValueError`` saying why). ``shape``: ``tuple(param.shape)``, where
+        the caller has it (a tuple: torch.Size compares faster with one than
+        with another Size)."""
+        shape = tuple(param.shape) if shape is None else shape
         check = _require if strict else _pointer
         if len(shape) == 2 and len(stats) == 2:
-            n, m = shape
-            stat_shapes: tuple[tuple[int, ...], ...] = ((n,), (m,))
-            names = ("exp_avg_sq_row", "exp_avg_sq_col")
-            dims = (n, m)
+            dims: tuple[int, int] = shape  # type: ignore[assignment]
+            x, g = check("param", param, shape), check("grad", grad, shape)
+            if x is None or g is None:
+                return False
+            row, col = check("exp_avg_sq_row", stats[0], shape[:1]), check("exp_avg_sq_col", stats[1], shape[1:])
         elif len(shape) <= 1 and len(stats) == 1:
-            stat_shapes, names, dims = (shape,), ("exp_avg_sq",), (param.numel(), 0)
+            dims = (param.numel(), 0)
+            x, g = check("param", param, shape), check("grad", grad, shape)
+            if x is None or g is None:
+                return False
+            row, col = check("exp_avg_sq", stats[0], shape), 0
         elif strict:
             raise ValueError(f"Adafactor C kernel: param of shape {tuple(shape)} is neither a matrix nor a vector.")
         else:
-            return None
-        x, g = check("param", param, shape), check("grad", grad, shape)
-        mom = None if exp_avg is None else check("exp_avg", exp_avg, shape)
-        stat_ptrs = [check(name, t, s) for name, t, s in zip(names, stats, stat_shapes)]
-        rms_ptr = None if rms is None else check("RMS", rms, ())
-        if None in (x, g, *stat_ptrs) or (exp_avg is None) != (mom is None) or (rms is None) != (rms_ptr is None):
-            return None
-        state = (mom or 0, stat_ptrs[0], stat_ptrs[1] if len(stat_ptrs) == 2 else 0, rms_ptr or 0, memo)
-        self.add_known(dims, x, g, state, scalars)  # type: ignore[arg-type]
-        return state
-
-    def add_known(
-        self, dims: tuple[int, int], x: int, g: int, state: tuple[int, ...], scalars: tuple[float, ...]
-    ) -> None:
-        """Add a job whose pointers were all checked (:func:`_pointer`): ``x``
-        and ``g`` this step, ``state`` (exp_avg, row or v, col, rms, memo) by
-        :meth:`add` on the same tensors, holding the same memory."""
+            return False
+        mom = 0 if exp_avg is None else check("exp_avg", exp_avg, shape)
+        rms_ptr = 0 if rms is None else check("RMS", rms, ())
+        if row is None or col is None or mom is None or rms_ptr is None:
+            return False
         self.dims.extend(dims)
-        self.ptrs.extend((x, g, *state))
+        self.ptrs.extend((x, g, mom, row, col, rms_ptr, memo))
         self.scalars.extend(scalars)
+        return True
 
     def run(self, out: ctypes.Array | None = None) -> None:
         """Step every job added (nothing if none); ``out`` receives four
@@ -271,86 +244,3 @@ class Batch:
         )
         if status != 0:
             raise MemoryError("Adafactor C kernel: could not allocate its scratch memory; nothing was stepped.")
-
-
-def _scalars(beta2t: float, inv_scale: float, eps1: float, eps2: float, rho: float, clip_threshold: float,
-             beta1: float, weight_decay: float) -> tuple[float, ...]:
-    return (beta2t, inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay)
-
-
-def _one(
-    param: Tensor, grad: Tensor, exp_avg: Tensor | None, stats: Sequence[Tensor], *, scale_parameter: bool,
-    **hparams: float,
-) -> tuple[float, float]:
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
-    batch = Batch(lib)
-    rms = torch.zeros((), dtype=torch.float32) if scale_parameter else None
-    batch.add(param, grad, exp_avg, stats, rms, _scalars(**hparams), strict=True)
-    out = (ctypes.c_double * 4)()
-    batch.run(out)
-    return out[0], out[1]
-
-
-def step_(
-    param: Tensor, grad: Tensor, exp_avg: Tensor | None, row: Tensor, col: Tensor, *, beta2t: float, inv_scale: float,
-    eps1: float, eps2: float, rho: float, clip_threshold: float, beta1: float, weight_decay: float,
-    scale_parameter: bool,
-) -> tuple[float, float]:
-    """One whole factored step of an fp32 CPU matrix (a batch of one): updates
-    param, exp_avg, row and col in place and returns ``(RMS(X) before the
-    step, step size)``."""
-    if param.dim() != 2:
-        raise ValueError(f"Adafactor C kernel: param must be a matrix, got shape {tuple(param.shape)}.")
-    return _one(param, grad, exp_avg, (row, col), scale_parameter=scale_parameter, beta2t=beta2t,
-                inv_scale=inv_scale, eps1=eps1, eps2=eps2, rho=rho, clip_threshold=clip_threshold, beta1=beta1,
-                weight_decay=weight_decay)
-
-
-def vector_step_(
-    param: Tensor, grad: Tensor, exp_avg: Tensor | None, exp_avg_sq: Tensor, *, beta2t: float, inv_scale: float,
-    eps1: float, eps2: float, rho: float, clip_threshold: float, beta1: float, weight_decay: float,
-    scale_parameter: bool,
-) -> tuple[float, float]:
-    """One whole step of an fp32 CPU vector (a batch of one); returns
-    ``(RMS(X) before the step, step size)``."""
-    if param.dim() > 1:
-        raise ValueError(f"Adafactor C kernel: param must be a vector, got shape {tuple(param.shape)}.")
-    return _one(param, grad, exp_avg, (exp_avg_sq,), scale_parameter=scale_parameter, beta2t=beta2t,
-                inv_scale=inv_scale, eps1=eps1, eps2=eps2, rho=rho, clip_threshold=clip_threshold, beta1=beta1,
-                weight_decay=weight_decay)
-
-
-def stats_(grad: Tensor, row: Tensor, *, beta: float, a: float, b: float) -> tuple[Tensor, Tensor]:
-    """R <- beta R + a rowsum(G²) + b in place; returns colsum(G²), colsum(G² / R)."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
-    if grad.dim() != 2:
-        raise ValueError(f"Adafactor C kernel: grad must be a matrix, got shape {tuple(grad.shape)}.")
-    n, m = grad.shape
-    threads = _threads(n)
-    col_sq, col_w = torch.empty(m, dtype=torch.float32), torch.empty(m, dtype=torch.float32)
-    part = torch.empty(threads, 2, m, dtype=torch.float32)
-    ptrs = [
-        _require("grad", grad, (n, m)), _require("exp_avg_sq_row", row, (n,)),
-        _require("col_sq", col_sq, (m,)), _require("col_w", col_w, (m,)), _require("part", part, (threads, 2, m)),
-    ]
-    lib.adafactor_stats(n, m, *ptrs, beta, a, b, threads)
-    return col_sq, col_w
-
-
-def apply_(param: Tensor, grad: Tensor, exp_avg: Tensor | None, r: Tensor, c: Tensor, *, decay: float, beta1: float) -> None:
-    """X <- X - decay X + G * (r ⊗ c), or through the first moment (see SOURCE)."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"Adafactor C kernel unavailable: {unavailable_reason}")
-    if param.dim() != 2:
-        raise ValueError(f"Adafactor C kernel: param must be a matrix, got shape {tuple(param.shape)}.")
-    n, m = param.shape
-    r, c = r.contiguous(), c.contiguous()
-    x_ptr, g_ptr = _require("param", param, (n, m)), _require("grad", grad, (n, m))
-    mom_ptr = _require("exp_avg", exp_avg, (n, m)) if exp_avg is not None else None
-    r_ptr, c_ptr = _require("row factor", r, (n,)), _require("column factor", c, (m,))
-    lib.adafactor_apply(n, m, x_ptr, g_ptr, mom_ptr, r_ptr, c_ptr, decay, beta1, _threads(n))

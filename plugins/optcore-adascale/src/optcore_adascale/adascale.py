@@ -41,8 +41,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd import Variable
 
-from optcore import ConfigError
-from optcore.plugin import GroupSelector, Optimizer, validate_hparams
+from optcore import ConfigError, StepError
+from optcore.plugin import GroupSelector, Optimizer, prepare_step, validate_hparams
 
 from ._config import AdaScaleSGDConfig
 from ._errors import AccumulationError
@@ -449,26 +449,15 @@ class AdaScaleSGD(Optimizer):
         ``lr * gain`` on every group; gradients are treated as divided by
         ``scale`` (and by GradScaler's ``grad_scale``). Under torch.compile the
         same step runs without host synchronisation (the gain stays a tensor)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if groups is not None and len(self._select_groups(groups)) != len(self.param_groups):
-            raise ConfigError(
-                "AdaScaleSGD steps all param groups at once (supports_groups is False): the gain "
-                "comes from one batch's statistics and one all-reduce per step. Give groups their "
-                "own lr instead of stepping them separately."
-            )
+        prepared = prepare_step(self, closure, scale, groups)  # the contract's checks: nothing changed yet
+        loss, scale = prepared.loss, prepared.scale
         if _world_size() != self.world_size:
-            raise ConfigError(
+            raise StepError(
                 f"AdaScaleSGD was built for world size {self.world_size} but torch.distributed now has "
                 f"{_world_size()} ranks; build the optimizer after init_process_group."
             )
         self._check_backwards()
-        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
-        if grad_scale is not None:
-            scale = scale * float(grad_scale)
-        if found_inf is not None and float(found_inf) != 0.0:  # GradScaler: skip this step's update
+        if prepared.skip:  # GradScaler found inf/NaN gradients: skip this step's update
             if self._acc.provisional is not None:  # gain() measured inf/NaN gradients: undo
                 for name, value in self._acc.provisional[0].items():
                     self._avg[name].copy_(value)
@@ -541,8 +530,6 @@ class AdaScaleSGD(Optimizer):
         directions still carry (``scale``, or 1 for the momentum buffer).
         """
         params = [p for p in group["params"] if p.grad is not None]
-        if any(p.grad.is_sparse for p in params):
-            raise ConfigError("AdaScaleSGD does not support sparse gradients; use torch.optim.SGD.")
         momentum, dampening = group["momentum"], group["dampening"]
         weight_decay, nesterov = group["weight_decay"], group["nesterov"]
         squares: list[Tensor] = []

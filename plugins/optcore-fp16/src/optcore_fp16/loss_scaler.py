@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from optcore import ConfigError, OptcoreError
+from optcore import ConfigError, StepError
 from optcore.plugin import validate_hparams
 
 from .schemas import LossScalerConfig
@@ -44,13 +44,15 @@ _DYNAMIC_KEYS = (
 HISTORY = 100
 
 
-class MinimumLossScaleError(OptcoreError, FloatingPointError):
+class MinimumLossScaleError(StepError, FloatingPointError):
     """The loss scale fell to ``min_loss_scale``: the gradients keep overflowing.
 
-    A :class:`FloatingPointError` (what fairseq raises, and what training loops
-    catch to stop) and an :class:`optcore.OptcoreError`. Carries what was
-    measured: ``overflows`` of the last ``recent`` steps overflowed,
-    ``skipped_steps`` of ``steps`` in all, and the ``loss_scale`` reached.
+    The contract's :class:`optcore.StepError` (a step that cannot run on what
+    it was given: the overflowed step is skipped, the scaler's state left as it
+    was) and a :class:`FloatingPointError` (what fairseq raises, and what
+    training loops catch to stop). Carries what was measured: ``overflows`` of
+    the last ``recent`` steps overflowed, ``skipped_steps`` of ``steps`` in
+    all, and the ``loss_scale`` reached.
     """
 
     def __init__(self, *, min_loss_scale: float, loss_scale: float, init_scale: float, overflows: int,

@@ -5,7 +5,8 @@ Installing this distribution registers ``Lion`` in the entry-point group
 works (``"optcore_lion:Lion"`` picks this one where lion-pytorch is installed too).
 """
 
-from .lion import Lion, LionConfig, lion_update
+from .functional import lion, lion_update
+from .lion import Lion, LionConfig
 
-__all__ = ["Lion", "LionConfig", "lion_update"]
+__all__ = ["Lion", "LionConfig", "lion", "lion_update"]
 __version__ = "0.1.0"

@@ -1,9 +1,7 @@
 /* Adafactor's step on fp32 CPU tensors as plain C loops (optcore_adafactor._cpu_kernel loads it).
 
    adafactor_step_batch runs the whole step of many tensors in one call (one
-   fork and join of the OpenMP threads); adafactor_stats and adafactor_apply
-   are its two passes for one matrix, for the torch-ops path's statistics and
-   update. No torch headers: optcore.kernels builds this file with the system
+   fork and join of the OpenMP threads). No torch headers: optcore.kernels builds this file with the system
    compiler (warnings as errors) on first use. The caller checks every tensor
    (plain fp32 CPU, contiguous, exact shape, storage that holds it) before its
    pointer comes here: the loops trust the sizes they are given. */
@@ -22,71 +20,6 @@
 #define CLONES
 #endif
 #define RESTRICT __restrict__
-
-/* Statistics pass over an n x m gradient g (the scale folded into a):
-     row[i] = beta row[i] + a sum_j g[i,j]^2 + b
-     col_sq[j] = sum_i g[i,j]^2,   col_w[j] = sum_i g[i,j]^2 / row[i]
-   part: threads x 2 x m floats for per-thread partial sums, added up in
-   thread order afterwards (so the result does not depend on timing). */
-CLONES void adafactor_stats(int64_t n, int64_t m, const float *g, float *row, float *col_sq, float *col_w,
-                            float *part, float beta, float a, float b, int threads) {
-  memset(part, 0, (int64_t)threads * 2 * m * sizeof(float));
-#pragma omp parallel num_threads(threads)
-  {
-    int t = 0;
-#ifdef _OPENMP
-    t = omp_get_thread_num();
-#endif
-    float *sq = part + (int64_t)t * 2 * m, *w = sq + m;
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float *gi = g + i * m;
-      double s = 0.0;
-#pragma omp simd reduction(+:s)
-      for (int64_t j = 0; j < m; ++j) s += (double)gi[j] * gi[j];
-      float r = beta * row[i] + a * (float)s + b;
-      float inv = 1.0f / r;
-      row[i] = r;
-      for (int64_t j = 0; j < m; ++j) {
-        float v = gi[j] * gi[j];
-        sq[j] += v;
-        w[j] += v * inv;
-      }
-    }
-  }
-  memset(col_sq, 0, m * sizeof(float));
-  memset(col_w, 0, m * sizeof(float));
-  for (int t = 0; t < threads; ++t) {
-    const float *sq = part + (int64_t)t * 2 * m, *w = sq + m;
-    for (int64_t j = 0; j < m; ++j) {
-      col_sq[j] += sq[j];
-      col_w[j] += w[j];
-    }
-  }
-}
-
-/* Update pass: u = g[i,j] c[j] r[i] (r carries the step size and sign), then
-     x -= decay x;  x += u                                  (mom == 0), or
-     mom = beta1 mom + u;  x -= decay x;  x -= mom          (r carries (1 - beta1) lr). */
-CLONES void adafactor_apply(int64_t n, int64_t m, float *x, const float *g, float *mom, const float *r,
-                     const float *c, float decay, float beta1, int threads) {
-  (void)threads; /* used by the OpenMP pragma only */
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    float *xi = x + i * m;
-    const float *gi = g + i * m;
-    const float ri = r[i];
-    if (mom) {
-      float *mi = mom + i * m;
-      for (int64_t j = 0; j < m; ++j) {
-        mi[j] = beta1 * mi[j] + gi[j] * c[j] * ri;
-        xi[j] = (xi[j] - decay * xi[j]) - mi[j];
-      }
-    } else {
-      for (int64_t j = 0; j < m; ++j) xi[j] = (xi[j] - decay * xi[j]) + gi[j] * c[j] * ri;
-    }
-  }
-}
 
 /* ---- the whole step of many tensors in one call ------------------------- */
 
@@ -217,7 +150,7 @@ static CLONES double stats_rows(const job_t *j, int64_t lo, int64_t hi, float *R
 
 /* Between the passes, O(n + m): C_t into col from the column sums sq, the
    factors c (into cf, m) and r (into rf, n, with the step size and sign in
-   it), RMS(U) = sqrt(mean(R) sum_j w_j / C_j / (n m)) (see _kernels), the
+   it), RMS(U) = sqrt(mean(R) sum_j w_j / C_j / (n m)) (see optcore_adafactor._cpu_kernel), the
    step size; stores RMS(x) (from xsq, or memo[0] when pass 1 did not read x).
    Returns the decay factor wd * step size. */
 static float factors(const job_t *j, const float *sq, const float *w, double xsq, float *RESTRICT cf, float *RESTRICT rf) {

@@ -1,0 +1,165 @@
+"""Lion's update as functions: :func:`lion_update`, the paper's algorithm box,
+and :func:`lion`, which applies it to a step's tensors by one of two backends.
+
+Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms",
+arXiv:2302.06675, Algorithm 2 (state: momentum ``m = 0``)::
+
+    c = beta1 * m + (1 - beta1) * g       interpolate momentum and gradient
+    p = p * (1 - lr * wd)                 decoupled weight decay
+    p = p - lr * sign(c)                  every coordinate moves by exactly lr
+    m = beta2 * m + (1 - beta2) * g       update the momentum
+
+The backends, chosen in :func:`lion` and nowhere else:
+
+- **torch ops**: :func:`lion_update` itself, on lists of tensors. Eagerly on
+  CPU it runs over pieces of at most ``_CHUNK`` elements, so each piece stays
+  in cache while the ops pass over it; on accelerators, on DTensor shards,
+  under ``foreach=True`` and when traced by ``torch.compile``, over each
+  (device, dtype) batch at once. ``compiled=True`` runs it compiled.
+- **the C kernel** (:mod:`optcore_lion._cpu_kernel`): one pass over contiguous
+  fp32 CPU tensors, the CPU default; checked against :func:`lion_update` by the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from optcore.plugin import by_device_and_dtype
+from torch import Tensor
+
+from . import _cpu_kernel
+
+Scalar = float | Tensor  # a Python number, or a 0-d tensor (a compiled step takes those as inputs)
+Tensors = list[Tensor]
+
+
+def lion_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weight_decay: Scalar,
+                beta1: Scalar, beta2: Scalar, gscale: Scalar = 1.0) -> None:
+    """One Lion step, in place, on matching lists of parameters, gradients and momenta.
+
+    ``gscale`` multiplies the gradient (``1/scale`` for a scaled loss, negative
+    to maximize); it is folded into the two factors of ``g``, so the gradient
+    is never rescaled in a pass of its own (``sign(c)`` would not need it, the
+    momentum does). Every scalar may be a 0-d tensor: then nothing numeric is a
+    constant of a compiled graph, and a changing lr or loss scale does not recompile it.
+    """
+    c = torch._foreach_mul(exp_avgs, beta1)                 # c = beta1 * m
+    _axpy_(c, (1 - beta1) * gscale, grads)                  # c = c + (1 - beta1) * g
+    if isinstance(weight_decay, Tensor) or weight_decay:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)  # p = p * (1 - lr * wd)
+    torch._foreach_sign_(c)                                 # c = sign(c)
+    _axpy_(params, -lr, c)                                  # p = p - lr * c
+    torch._foreach_mul_(exp_avgs, beta2)                    # m = beta2 * m
+    _axpy_(exp_avgs, (1 - beta2) * gscale, grads)           # m = m + (1 - beta2) * g
+
+
+def _axpy_(ys: Tensors, a: Scalar, xs: Tensors) -> None:
+    """``y += a * x`` for each pair; ``alpha`` takes only numbers, so a 0-d tensor ``a`` multiplies."""
+    if isinstance(a, Tensor):
+        torch._foreach_addcmul_(ys, xs, [a] * len(xs))
+    else:
+        torch._foreach_add_(ys, xs, alpha=a)
+
+
+_CHUNK = 1 << 18  # elements per eager CPU piece: its p, g, m and c (4 MiB in fp32) stay in cache between ops
+
+
+def lion(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weight_decay: float, beta1: float,
+         beta2: float, gscale: float, foreach: bool | None = None, fused: bool | None = None,
+         compiled: bool | None = None) -> None:
+    """Lion over a step's tensors, each by its backend (the module docstring says which).
+
+    ``exp_avgs`` are fp32 for fp16/bf16 parameters: those are updated through
+    an fp32 copy and written back rounded. A tensor the C kernel cannot take
+    (``fused=True`` included; the optimizer refuses those first) goes through torch ops.
+    """
+    hp = dict(lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, gscale=gscale)
+    tracing = torch.compiler.is_compiling()  # the kernel and the pieces are eager-only
+    kernel = not tracing and (fused or (fused is None and foreach is None and not compiled))
+    routes: dict[str, tuple[Tensors, Tensors, Tensors]] = {}
+    for p, g, m in zip(params, grads, exp_avgs):
+        plain = type(p) in (Tensor, torch.nn.Parameter)  # a DTensor shard goes through torch ops, which know it
+        if plain and kernel and _cpu_kernel.eligible(p, g, m) and _cpu_kernel.load() is not None:
+            route = "kernel"
+        elif plain and compiled and not tracing:
+            route = "compiled"
+        elif tracing or not plain or foreach or (foreach is None and p.device.type != "cpu"):
+            route = "batches"
+        else:
+            route = "pieces"
+        for bucket, t in zip(routes.setdefault(route, ([], [], [])), (p, g, m)):
+            bucket.append(t)
+    for route, (ps, gs, ms) in routes.items():
+        if route == "kernel":
+            _cpu_kernel.lion_fp32_(ps, gs, ms, **hp)
+        elif route == "compiled":
+            _compiled_lion(ps, gs, ms, **hp)
+        else:
+            batches = by_device_and_dtype(ps, gs, ms).values() if route == "batches" else _pieces(ps, gs, ms)
+            for batch in batches:
+                _in_state_dtype(lion_update, *batch, **hp)
+
+
+def _in_state_dtype(update: Callable[..., None], ps: Tensors, gs: Tensors, ms: Tensors, **hp: Any) -> None:
+    """``update`` on parameters and gradients in the momentum's dtype (an fp32
+    copy of fp16/bf16 ones, written back rounded); one dtype per call."""
+    work = [p.to(m.dtype) for p, m in zip(ps, ms)]
+    update(work, [g.to(m.dtype) for g, m in zip(gs, ms)], ms, **hp)
+    if work and work[0] is not ps[0]:
+        torch._foreach_copy_(ps, work)
+
+
+def _pieces(ps: Tensors, gs: Tensors, ms: Tensors) -> Iterator[tuple[Tensors, Tensors, Tensors]]:
+    """Views of the tensors in batches of at most ``_CHUNK`` elements of one dtype:
+    a large tensor is split, small ones share a batch; a non-contiguous one goes whole."""
+    batch: tuple[Tensors, Tensors, Tensors] = ([], [], [])
+    size, dtype = 0, None
+    for p, g, m in zip(ps, gs, ms):
+        if not (p.is_contiguous() and g.is_contiguous() and m.is_contiguous()):
+            yield [p], [g], [m]
+            continue
+        flat = (p.view(-1), g.view(-1), m.view(-1))
+        for start in range(0, p.numel(), _CHUNK):
+            piece = [t[start:start + _CHUNK] for t in flat]
+            if batch[0] and (size + piece[0].numel() > _CHUNK or p.dtype != dtype):
+                yield batch
+                batch, size = ([], [], []), 0
+            for bucket, t in zip(batch, piece):
+                bucket.append(t)
+            size, dtype = size + piece[0].numel(), p.dtype
+    if batch[0]:
+        yield batch
+
+
+_compiled: Callable[..., None] | None = None
+
+
+def _update_one(p: Tensor, g: Tensor, m: Tensor, scalars: Tensor) -> None:
+    """:func:`lion_update` on one tensor, the scalars unpacked from one small tensor (what gets compiled)."""
+    lr, weight_decay, beta1, beta2, gscale = scalars.unbind()
+    _in_state_dtype(lion_update, [p], [g], [m], lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2,
+                    gscale=gscale)
+
+
+def _compiled_lion(ps: Tensors, gs: Tensors, ms: Tensors, *, lr: Scalar, weight_decay: float, beta1: float,
+                   beta2: float, gscale: float) -> None:
+    """:func:`lion_update` compiled with ``torch.compile(dynamic=True)``, once per
+    (device, dtype, shapes class): each tensor goes in as a flat view, the five
+    scalars as one tensor, so neither an lr schedule nor a loss scale recompiles.
+    (Python floats would be symbolic too, but inductor's arithmetic on them fails
+    guards in torch 2.13.) The first step compiles, for seconds."""
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(_update_one, dynamic=True, fullgraph=True)
+    scalars: dict[torch.device, Tensor] = {}
+    for p, g, m in zip(ps, gs, ms):
+        if p.device not in scalars:  # fp64 on CPU, as the eager backends' Python floats
+            dtype = torch.float64 if p.device.type == "cpu" else torch.float32
+            values = torch.tensor([0.0, weight_decay, beta1, beta2, gscale], dtype=dtype, device=p.device)
+            values[0] = lr  # a float or a 0-d tensor
+            scalars[p.device] = values
+        if p.is_contiguous() and g.is_contiguous() and m.is_contiguous():
+            p, g, m = p.view(-1), g.view(-1), m.view(-1)
+        _compiled(p, g, m, scalars[p.device])
