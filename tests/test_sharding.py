@@ -130,3 +130,39 @@ def test_list_all_and_show_print_the_sharding(capsys: pytest.CaptureFixture[str]
     assert "sharding=factored" in capsys.readouterr().out
     assert main(["show", "torch:Adafactor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["capabilities"]["sharding"] == "factored"
+
+
+def _fused_on_shards_worker(rank: int, world: int, configs: list[dict]) -> list[str | None]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    out: list[str | None] = []
+    for config in configs:
+        model = _model()
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+        try:
+            optcore.build_optimizer(config, model)
+        except optcore.ConfigError as exc:
+            out.append(str(exc))
+        else:
+            out.append(None)
+    return out
+
+
+@pytest.mark.distributed
+def test_fused_true_over_fsdp2_shards_is_refused_for_the_real_reason() -> None:
+    """torch's fused SGD would fail in its first step (no sharding rule for
+    aten._fused_sgd_), Lion's C kernel for a reason that is not the real one."""
+    from _dist_util import run_ranks
+
+    configs = [{"type": "SGD", "lr": 0.1, "fused": True}, {"type": "SGD", "lr": 0.1}]
+    lion = "optcore-lion:Lion" in {s.qualified for s in optcore.list_optimizers()}
+    if lion:
+        configs += [{"type": "optcore-lion:Lion", "fused": True}, {"type": "optcore-lion:Lion"}]
+    results = run_ranks(_fused_on_shards_worker, 1, configs)[0]
+    for config, error in zip(configs, results):
+        if config.get("fused"):
+            assert error is not None and "fused=True" in error and "DTensor" in error, (config, error)
+            assert "Leave fused unset" in error
+        else:
+            assert error is None, (config, error)  # unset: the foreach path over the shards
