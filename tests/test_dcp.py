@@ -246,6 +246,7 @@ def _resume_on_ranks(rank: int, world: int, names: list[str], root: str) -> dict
     return out
 
 
+@pytest.mark.distributed
 def test_dcp_resumes_fsdp2_from_two_ranks_in_one_process(tmp_path: Path) -> None:
     names = [n for n in SHARDED if _available(n)]
     run_ranks(_save_on_ranks, 2, names, str(tmp_path), timeout=240)
@@ -259,6 +260,7 @@ def test_dcp_resumes_fsdp2_from_two_ranks_in_one_process(tmp_path: Path) -> None
         _assert_equal(_params(model), _params(straight), f"{name}: FSDP2 on 2 ranks -> 1 process", atol=1e-6)
 
 
+@pytest.mark.distributed
 def test_dcp_resumes_a_one_process_checkpoint_on_two_fsdp2_ranks(tmp_path: Path) -> None:
     """The one process chose torch's fused kernel; the FSDP2 optimizer it loads
     into keeps its own choice (fused kernels have no DTensor rules)."""

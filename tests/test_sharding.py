@@ -166,3 +166,44 @@ def test_fused_true_over_fsdp2_shards_is_refused_for_the_real_reason() -> None:
             assert "Leave fused unset" in error
         else:
             assert error is None, (config, error)  # unset: the foreach path over the shards
+
+
+def _flatten_groups(opt: torch.optim.Optimizer) -> None:
+    """What DeepSpeed ZeRO-1/2 does to a client optimizer: one flat fp32 partition per group."""
+    for group in opt.param_groups:
+        group["params"] = [torch.cat([p.detach().reshape(-1) for p in group["params"]]).requires_grad_()]
+        group["params"][0].grad = torch.ones_like(group["params"][0])
+
+
+@pytest.mark.parametrize(
+    "name,refused",
+    [("optcore-adafactor:Adafactor", True), ("torch:Adafactor", True), ("torch:AdamW", False), ("optcore-lion:Lion", False)],
+)
+def test_a_non_elementwise_optimizer_refuses_flat_partitions_at_its_first_step(name: str, refused: bool) -> None:
+    _spec(name)
+    model = _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = optcore.build_optimizer({"type": name}, model)
+    _flatten_groups(opt)
+    before = [p.detach().clone() for g in opt.param_groups for p in g["params"]]
+    if not refused:
+        opt.step()
+        return
+    with pytest.raises(optcore.ConfigError, match=r"flat 1-D partition.*sharding='factored'"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, (p for g in opt.param_groups for p in g["params"])))
+
+
+def test_same_shape_replacements_and_added_groups_pass() -> None:
+    _spec("optcore-adafactor:Adafactor")
+    model = _model()
+    opt = optcore.build_optimizer({"type": "optcore-adafactor:Adafactor"}, model)
+    for group in opt.param_groups:  # per-tensor fp32 copies, as FP16Optimizer(flat=False) makes
+        group["params"] = [p.detach().clone().requires_grad_() for p in group["params"]]
+        for p in group["params"]:
+            p.grad = torch.ones_like(p)
+    extra = torch.zeros(3, 3, requires_grad=True)
+    extra.grad = torch.ones(3, 3)
+    opt.add_param_group({"params": [extra]})
+    opt.step()

@@ -1,7 +1,7 @@
 """What an optimizer's first step checks about where its parameters live.
 
 Every optcore optimizer gets step hooks from :func:`install` (the contract
-installs them when it is built). Until the first real step they do two
+installs them when it is built). Until the first real step they do three
 things, and after it nothing but one dictionary look-up:
 
 * **DCP's initialisation step.** ``torch.distributed.checkpoint.state_dict``
@@ -9,11 +9,14 @@ things, and after it nothing but one dictionary look-up:
   ``lr=0`` (``_init_optim_state``), before it saves and before it loads. An
   optimizer whose step does not scale by ``lr`` (Adafactor's relative step,
   weight decay applied with its own step size) moves the parameters there,
-  and every optimizer counts a step. :class:`InitStep` runs that step
-  for the state's layout and puts back the parameters and every tensor the
-  optimizer holds outside ``state`` (:class:`InitStep`); the state it made is marked a
-  placeholder, dropped by the first real step unless a checkpoint loads over
-  it, so the first real step is that of a fresh optimizer.
+  and every optimizer counts a step. :class:`InitStep` runs that step for the
+  state's layout and puts back the parameters and what the optimizer holds
+  outside ``state``; the state it made is marked a placeholder, dropped by
+  the first real step unless a checkpoint loads over it, so the first real
+  step is that of a fresh optimizer.
+* **Replaced parameters.** A wrapper that swaps the parameters for tensors
+  of other shapes (DeepSpeed ZeRO-1/2's flat partitions) is refused by
+  :func:`check_not_reshaped` unless the update is elementwise.
 * **Replicated statistics.** An optimizer whose ``sharding`` is ``"global"``
   (its update uses statistics over every gradient, AdaScale's gain) is only
   right when every rank steps all parameters; a
@@ -22,6 +25,10 @@ things, and after it nothing but one dictionary look-up:
   :class:`~optcore.ConfigError` on every rank inside ZeRO's step, and
   elsewhere when the ranks' parameters (count, sizes, shapes; one
   all-gather) differ.
+
+The checks of a checkpoint's layout under DCP (:func:`check_dcp_layout`) and
+of fused kernels over FSDP2's shards (:func:`refuse_kernels_on_shards`) live
+here too: they are about where parameters and state live.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import functools
 import sys
 import warnings
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +50,7 @@ from .._errors import ConfigError
 STEPPED = "_optcore_stepped"
 PLACEHOLDER = "_optcore_placeholder_state"
 INSTALLED = "_optcore_first_step_hooks"
+BUILT_ON = "_optcore_built_on"
 RUNNING = "_optcore_dcp_init_step"
 
 
@@ -55,6 +64,9 @@ def install(optimizer: Any) -> None:
     post-hooks (once). Hooks, not a wrapper around ``step``: torch's step
     wrapper calls them in its own frame, so a compiled step has no frame, and
     no graph break, more than torch's; compiled, they return at once."""
+    groups = optimizer.__dict__.get("param_groups", getattr(type(optimizer), "param_groups", None))
+    if BUILT_ON not in optimizer.__dict__ and isinstance(groups, list):  # a wrapper's __init__ may not have set them yet
+        optimizer.__dict__[BUILT_ON] = [(id(p), tuple(p.shape)) for g in groups for p in g["params"]]
     if optimizer.__dict__.get(INSTALLED, False):
         return
     pre, post = (getattr(optimizer, f"_optimizer_step_{kind}_hooks", None) for kind in ("pre", "post"))
@@ -98,10 +110,43 @@ def begin_first_step(optimizer: Any) -> InitStep | None:
         return InitStep(optimizer)
     if optimizer.__dict__.pop(PLACEHOLDER, False):
         optimizer.state.clear()  # DCP's placeholder: the first real step starts fresh
+    check_not_reshaped(optimizer)
     if getattr(optimizer, "sharding", None) == "global":
         check_replicated(optimizer)
     optimizer.__dict__[STEPPED] = True
+    optimizer.__dict__.pop(BUILT_ON, None)
     return None
+
+
+def check_not_reshaped(optimizer: Any) -> None:
+    """A :class:`ConfigError` when parameters the optimizer was built on were
+    replaced by tensors of other shapes (DeepSpeed ZeRO-1/2 hands the client
+    optimizer one flat 1-D partition per group) and its update is not
+    elementwise: a factored second moment would become an unfactored one, a
+    per-tensor or global statistic one over a slice. Replacements of the same
+    shapes (a precision wrapper's per-tensor fp32 copies), added groups and a
+    step over some of the groups pass."""
+    built = optimizer.__dict__.get(BUILT_ON)
+    sharding = getattr(optimizer, "sharding", "unknown")
+    if not built or sharding == "elementwise":
+        return
+    now = [(id(p), tuple(p.shape)) for g in optimizer.param_groups for p in g["params"]]
+    ids = {i for i, _ in now}
+    gone = sorted(shape for i, shape in built if i not in ids)
+    came = sorted(shape for i, shape in now if i not in {i for i, _ in built})
+    if not came or not Counter(gone) - Counter(came):  # a subset stepped, or stand-ins of the same shapes
+        return
+    name = type(optimizer).__name__
+    raise ConfigError(
+        f"{name} was built on parameters of shapes {gone[:4]}{' ...' if len(gone) > 4 else ''} and is asked to "
+        f"step tensors of shapes {came[:4]}{' ...' if len(came) > 4 else ''} in their place: a wrapper replaced "
+        "them (DeepSpeed ZeRO-1/2 hands its client optimizer one flat 1-D partition per param group). "
+        f"{name}'s update is not elementwise (sharding={sharding!r}): over a flat slice it computes something "
+        "else than over the tensors. Build it through optcore.integrations.deepspeed (which refuses what cannot "
+        "work before any collective), use ZeRO stage 0, or an elementwise optimizer (AdamW, SGD, Lion).",
+        problems=[("sharding", f"{sharding} optimizer over replaced parameters")],
+        target=name,
+    )
 
 
 def in_dcp_get() -> bool:
