@@ -165,6 +165,19 @@ def test_zero_redundancy_refuses_a_global_optimizer_before_any_collective():
         zero_redundancy(config, _model())  # no process group: it fails before ZeRO is made
 
 
+class _Undeclared(torch.optim.SGD):
+    """A user's subclass: optcore cannot vouch for how its update couples elements."""
+
+
+def test_zero_redundancy_refuses_an_optimizer_of_unknown_sharding():
+    optcore.register_optimizer("ZeroUndeclared", _Undeclared)
+    try:
+        with pytest.raises(optcore.ConfigError, match=r"sharding='unknown'.*declares sharding = 'elementwise'"):
+            zero_redundancy({"type": "ZeroUndeclared", "lr": 0.1}, _model())
+    finally:
+        optcore.unregister_optimizer("ZeroUndeclared")
+
+
 def test_zero_redundancy_refuses_wrappers_before_any_collective():
     if not any(s.name == "FP16Optimizer" for s in optcore.list_optimizers()):
         pytest.skip("optcore-fp16 is not installed")
