@@ -340,3 +340,31 @@ def test_a_flat_fp16_optimizer_is_refused_by_dcp_with_the_fix() -> None:
     with pytest.raises(optcore.ConfigError, match=r"layout of its own.*flat=False"):
         get_optimizer_state_dict(model, opt)
     assert "fp16_wrapper" in opt.state_dict()  # its own state_dict and torch.save still work
+
+
+def _ddp_save_on_ranks(rank: int, world: int, names: list[str], root: str) -> None:
+    """2 DDP ranks (whole tensors, replicated state) train 3 steps on half batches and save."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for name in names:
+        model = _model()
+        ddp = DDP(model)
+        opt = _build(name, model)
+        _train(name, ddp, opt, range(3), rank=rank)
+        _save(model, opt, str(Path(root, name)))
+
+
+@pytest.mark.distributed
+def test_dcp_resumes_ddp_from_two_ranks_in_one_process(tmp_path: Path) -> None:
+    """Adafactor's factored state (and relative step count) from 2 DDP ranks
+    resumes one process as if it had run all along."""
+    names = [n for n in ("Adafactor", "AdamW") if _available(n)]
+    run_ranks(_ddp_save_on_ranks, 2, names, str(tmp_path), timeout=240)
+    for name in names:
+        straight = _model()
+        _train(name, straight, _build(name, straight), range(5))
+        model = _model(seed=7)
+        opt = _build(name, model)
+        _load(model, opt, str(tmp_path / name))
+        _train(name, model, opt, range(3, 5))
+        _assert_equal(_params(model), _params(straight), f"{name}: DDP on 2 ranks -> 1 process", atol=1e-6)
