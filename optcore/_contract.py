@@ -179,6 +179,8 @@ class ContractMixin:
         """torch's, plus ``"optcore": {"name", "provider", "version", "param_shapes"}``
         when built by optcore (the shapes of the parameters with state)."""
         state_dict = super().state_dict()  # type: ignore[misc]
+        if type(self).state_dict is ContractMixin.state_dict:  # not a subclass's own (checked when it returns)
+            check_dcp_layout(self, state_dict)
         spec = getattr(self, "optcore_spec", None)
         if spec is None or not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
             return state_dict
@@ -361,7 +363,8 @@ def _carrying(state_dict: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(state_dict)
     def carrying(self: Any) -> Any:
         saved = carry_extras(state_dict(self))
-        check_dcp_layout(self, saved)
+        if type(self).state_dict is carrying:  # the class's own, not a base class's called by it
+            check_dcp_layout(self, saved)
         if self.__dict__.get(PLACEHOLDER, False) and group_record(saved) is not None:
             for group in saved["param_groups"]:  # a wrapper's placeholder state is its inner optimizer's
                 group[RECORD] = {**group[RECORD], "fresh": True}
