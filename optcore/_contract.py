@@ -8,6 +8,7 @@ records its saver and the shapes of the parameters with state, which
 
 from __future__ import annotations
 
+import functools
 import inspect
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -16,11 +17,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ._checkpoint import check_identity
+from ._checkpoint import IMPLEMENTATION_KEYS, RECORD, carry_extras, check_identity, group_record, lift_extras
 from ._errors import ConfigError, StepError
-from ._grads import by_device_and_dtype, params_with_grad, total_grad_norm
+from ._grads import by_device_and_dtype, params_with_grad, shard_norm, total_grad_norm
 from ._values import clean_text
 from .guards import check_state_dict
+from .placement import PLACEHOLDER, check_dcp_layout
+from .placement import install as install_first_step_checks
 
 GroupSelector = Sequence[int | str] | int | str | None
 
@@ -44,10 +47,27 @@ class ContractMixin:
     sharding: ClassVar[str] = "unknown"  # how the update couples elements: _torch_facts.SHARDING_KINDS
     flat_params_unsupported_reason: ClassVar[str] = ""
     lr_schedule: str = "any"  # one of LR_SCHEDULES; not a ClassVar: a property may judge the groups
+    #: the process group over whose ranks this optimizer's parameters are split
+    #: (ZeRO's shards): the gradient norm is taken over all of them
+    shard_group: Any = None
 
     param_groups: list[dict[str, Any]]
     defaults: dict[str, Any]
     state: Any
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every instance gets the first-step checks of :mod:`optcore.placement`
+        (DCP's initialisation step, a ``global`` optimizer on sharded
+        parameters) when its ``__init__`` returns (its signature kept)."""
+        super().__init_subclass__(**kwargs)
+        init = vars(cls).get("__init__", cls.__init__)
+        if not hasattr(init, "__optcore_carried__") and init is not object.__init__:
+            cls.__init__ = _installing(init)  # type: ignore[misc]
+        # a subclass's own entries (AdaScale's estimates) travel in the first group's record too
+        if "state_dict" in vars(cls) and not hasattr(vars(cls)["state_dict"], "__optcore_carried__"):
+            cls.state_dict = _carrying(vars(cls)["state_dict"])  # type: ignore[method-assign]
+        if "load_state_dict" in vars(cls) and not hasattr(vars(cls)["load_state_dict"], "__optcore_carried__"):
+            cls.load_state_dict = _lifting(vars(cls)["load_state_dict"])  # type: ignore[method-assign]
 
     @property
     def optimizer_config(self) -> dict[str, Any]:
@@ -103,11 +123,12 @@ class ContractMixin:
         max_norm: float,
         aggregate_norm_fn: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
-        """A non-finite norm leaves the grads alone, so a loss scaler can skip the step."""
+        """A non-finite norm leaves the grads alone, so a loss scaler can skip the step.
+        With a ``shard_group`` the norm is over the shards of all its ranks."""
         grads = [p.grad for p in params_with_grad(self.param_groups)]
-        if not grads:
+        if not grads and self.shard_group is None:
             return torch.zeros(())
-        total = total_grad_norm(grads)
+        total = shard_norm(total_grad_norm(grads), self.shard_group)
         if aggregate_norm_fn is not None:
             total = aggregate_norm_fn(total)
         if max_norm > 0 and bool(torch.isfinite(total)):
@@ -122,6 +143,13 @@ class ContractMixin:
         world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
         if world == 1:
             return
+        if self.shard_group is not None:
+            raise ConfigError(
+                f"average_params on one rank's shard of a ZeroRedundancyOptimizer: each rank holds other "
+                f"parameters, so there is nothing to average {type(self).__name__}'s shard with. Call it on the "
+                "optimizer optcore.distributed.zero_redundancy returns (it averages all parameters).",
+                problems=[("average_params", "sharded optimizer")],
+            )
         tensors: list[Tensor] = []
         for g in self.param_groups:
             for p in g["params"]:
@@ -141,15 +169,18 @@ class ContractMixin:
 
     def __getstate__(self) -> dict[str, Any]:
         """Every attribute (docs/contract.md) but a ``step`` an LR scheduler bound
-        to this object: a copy has no scheduler."""
+        to this object (a copy has no scheduler) and the ``shard_group``."""
         state = self.__dict__.copy()
         state.pop("step", None)
+        state.pop("shard_group", None)  # a process group belongs to this process
         return state
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """torch's, plus ``"optcore": {"name", "provider", "version", "param_shapes"}``
         when built by optcore (the shapes of the parameters with state)."""
         state_dict = super().state_dict()  # type: ignore[misc]
+        if type(self).state_dict is ContractMixin.state_dict:  # not a subclass's own (checked when it returns)
+            check_dcp_layout(self, state_dict)
         spec = getattr(self, "optcore_spec", None)
         if spec is None or not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
             return state_dict
@@ -160,7 +191,13 @@ class ContractMixin:
                     shapes[index] = list(param.shape)
         # a plain str: torch's TorchVersion would not load with weights_only=True
         version = None if spec.version is None else str.__str__(spec.version)
-        state_dict["optcore"] = dict(name=spec.name, provider=spec.provider, version=version, param_shapes=shapes)
+        record = dict(name=spec.name, provider=spec.provider, version=version)
+        state_dict[RECORD] = dict(record, param_shapes=shapes)
+        # DCP keeps param_groups only: each group carries the record (and whether the
+        # state is DCP's placeholder, for the next step to start fresh after a resume)
+        fresh = bool(self.__dict__.get(PLACEHOLDER, False))
+        for saved in state_dict["param_groups"]:
+            saved[RECORD] = dict(record, fresh=fresh)
         return state_dict
 
     def load_state_dict(  # type: ignore[override]
@@ -172,10 +209,11 @@ class ContractMixin:
         dict is checked against the parameters only."""
         if not isinstance(state_dict, Mapping):
             raise ConfigError(f"load_state_dict takes an optimizer's state_dict (a mapping), got {type(state_dict).__name__}.")
-        record = state_dict.get("optcore")
+        in_groups = group_record(state_dict)
+        record = state_dict.get(RECORD, in_groups)
         if isinstance(record, Mapping):
             check_identity(self, record)
-            state_dict = {k: v for k, v in state_dict.items() if k != "optcore"}
+        state_dict = self._without_records(state_dict)
         check_state_dict(self, state_dict, record.get("param_shapes") if isinstance(record, Mapping) else None)
         try:
             super().load_state_dict(state_dict)  # type: ignore[misc]
@@ -185,6 +223,7 @@ class ContractMixin:
                 "damaged or not this optimizer's; load the one that was saved, or skip load_state_dict to start fresh.",
                 problems=[("state_dict", type(exc).__name__)],
             ) from exc
+        _loaded(self, in_groups)
         if optimizer_overrides:
             known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
             unknown = sorted(set(optimizer_overrides) - known)
@@ -204,6 +243,22 @@ class ContractMixin:
                     else:
                         group[key] = value
             self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
+
+    def _without_records(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+        """``state_dict`` without optcore's records, and each saved group with this
+        optimizer's implementation choice (``fused``, ``foreach``, a plugin's
+        ``compiled`` or ``implementation``): the plan made it for the parameters
+        as they are now placed, which a checkpoint from one process may not fit
+        (fused kernels have no DTensor rules)."""
+        state_dict = {k: v for k, v in state_dict.items() if k != RECORD}
+        groups = state_dict.get("param_groups")
+        if isinstance(groups, list) and all(isinstance(g, Mapping) for g in groups):
+            live = self.param_groups if len(self.param_groups) == len(groups) else [{}] * len(groups)
+            state_dict["param_groups"] = [
+                {**{k: v for k, v in saved.items() if k != RECORD}, **{k: g[k] for k in IMPLEMENTATION_KEYS if k in g}}
+                for saved, g in zip(groups, live)
+            ]
+        return state_dict
 
     def _select_groups(self, groups: GroupSelector) -> list[dict[str, Any]]:
         """The groups named by index or config ``name`` (every group of that name:
@@ -284,6 +339,51 @@ class ContractMixin:
         if original is None:  # a ContractMixin subclass not made by adapt()
             return super().step(closure)  # type: ignore[misc]
         return original(self, closure)
+
+
+def _loaded(optimizer: Any, record: Mapping[str, Any] | None) -> None:
+    """After a load: the state is the checkpoint's, not DCP's placeholder, unless
+    the checkpoint was saved before any step (then the next step starts fresh)."""
+    optimizer.__dict__.pop(PLACEHOLDER, None)
+    if record is not None and record.get("fresh") is True:
+        optimizer.__dict__[PLACEHOLDER] = True
+
+
+def _installing(init: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(init)
+    def installing(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        install_first_step_checks(self)
+
+    installing.__optcore_carried__ = True  # type: ignore[attr-defined]
+    return installing
+
+
+def _carrying(state_dict: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(state_dict)
+    def carrying(self: Any) -> Any:
+        saved = carry_extras(state_dict(self))
+        if type(self).state_dict is carrying:  # the class's own, not a base class's called by it
+            check_dcp_layout(self, saved)
+        if self.__dict__.get(PLACEHOLDER, False) and group_record(saved) is not None:
+            for group in saved["param_groups"]:  # a wrapper's placeholder state is its inner optimizer's
+                group[RECORD] = {**group[RECORD], "fresh": True}
+        return saved
+
+    carrying.__optcore_carried__ = True  # type: ignore[attr-defined]
+    return carrying
+
+
+def _lifting(load_state_dict: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(load_state_dict)
+    def lifting(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        record = group_record(state_dict) if isinstance(state_dict, Mapping) else None
+        result = load_state_dict(self, lift_extras(state_dict), *args, **kwargs)
+        _loaded(self, record)
+        return result
+
+    lifting.__optcore_carried__ = True  # type: ignore[attr-defined]
+    return lifting
 
 
 def param_groups_assignable(cls: type) -> bool:

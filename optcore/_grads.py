@@ -68,3 +68,16 @@ def total_grad_norm(grads: Sequence[Tensor]) -> Tensor:
     dtype = functools.reduce(torch.promote_types, (n.dtype for n in norms))
     return torch.linalg.vector_norm(torch.stack([n.to(first, dtype) for n in norms]), 2.0)
 
+
+def shard_norm(local: Tensor, group: Any, device: torch.device | None = None) -> Tensor:
+    """The 2-norm over every rank of ``group`` from this rank's ``local`` 2-norm
+    (one all-reduce of its square); ``local`` itself on one rank."""
+    dist = torch.distributed
+    if group is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return local
+    square = local.detach().to(device or local.device, torch.float64 if local.dtype == torch.float64 else torch.float32)
+    square = square.square().reshape(1)
+    if dist.get_backend(group) == "nccl" and square.device.type != "cuda":
+        square = square.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(square, op=dist.ReduceOp.SUM, group=group)
+    return square.sqrt().reshape(()).to(local.device)

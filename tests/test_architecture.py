@@ -87,12 +87,15 @@ def test_each_module_is_entered_once():
 def test_a_wrapper_adds_its_own_resolution_and_validation_only():
     """The precision shorthand walks the inner optimizer's road once: the
     wrapper adds one resolution and one validation (of its own options, and
-    of its link's nesting: the inner config is the rewrite hook's, made plain again)."""
+    of its link's nesting: the inner config is the rewrite hook's, made plain again),
+    and the installing of its own first-step checks (``placement``: entered from
+    its ``__init__`` and from its base class's, both wrapped by the contract)."""
     wrapped = Counter(b for _, b in _core(road.road(road.CONFIGS[1])))
     alone = {k: v for k, v in road.CONFIGS[1].items() if k != "precision"}
     plain = Counter(b for _, b in _core(road.road(alone, half=True)))
     assert wrapped - plain == Counter(
-        ["_registry", "_resolution", "_import_paths", "_plugins", "_names", "_spec", "_schema", "guards"]
+        ["_registry", "_resolution", "_import_paths", "_plugins", "_names", "_spec", "_schema", "guards",
+         "_contract", "placement", "placement"]
     )
     assert not plain - wrapped
 

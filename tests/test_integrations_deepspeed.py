@@ -335,3 +335,36 @@ def test_plain_deepspeed_cannot_build_what_the_json_names():
 def test_zero_stage(zero, stage):
     config = {} if zero is None else {"zero_optimization": zero}
     assert ds.zero_stage(config) == stage
+
+
+def _raw_client_worker(rank: int, world: int, stage: int) -> dict:
+    """An optcore Adafactor handed to deepspeed.initialize directly, past optcore's integration."""
+    import deepspeed
+
+    _skip_shm_kernel()
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    model = _model()
+    client = optcore.build_optimizer({"type": "optcore-adafactor:Adafactor"}, model)
+    config = {**_ds_config({}, stage, world), "zero_allow_untested_optimizer": True}
+    del config["optimizer"]
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = _batches()[0]
+    engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+    try:
+        engine.step()
+    except optcore.ConfigError as exc:
+        error = str(exc)
+    else:
+        error = None
+    return {"error": error, "moved": any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))}
+
+
+def test_a_factored_client_optimizer_refuses_deepspeeds_flat_partitions_at_its_first_step():
+    if not _has("optcore-adafactor:Adafactor"):
+        pytest.skip("optcore-adafactor is not installed")
+    (info,) = run_ranks(_raw_client_worker, 1, 1, timeout=300)
+    assert info["error"] is not None, "Adafactor stepped DeepSpeed's flat partition as if it were the tensors"
+    assert "flat 1-D partition" in info["error"] and "sharding='factored'" in info["error"]
+    assert "optcore.integrations.deepspeed" in info["error"]
+    assert not info["moved"]

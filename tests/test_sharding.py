@@ -130,3 +130,80 @@ def test_list_all_and_show_print_the_sharding(capsys: pytest.CaptureFixture[str]
     assert "sharding=factored" in capsys.readouterr().out
     assert main(["show", "torch:Adafactor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["capabilities"]["sharding"] == "factored"
+
+
+def _fused_on_shards_worker(rank: int, world: int, configs: list[dict]) -> list[str | None]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    out: list[str | None] = []
+    for config in configs:
+        model = _model()
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+        try:
+            optcore.build_optimizer(config, model)
+        except optcore.ConfigError as exc:
+            out.append(str(exc))
+        else:
+            out.append(None)
+    return out
+
+
+@pytest.mark.distributed
+def test_fused_true_over_fsdp2_shards_is_refused_for_the_real_reason() -> None:
+    """torch's fused SGD would fail in its first step (no sharding rule for
+    aten._fused_sgd_), Lion's C kernel for a reason that is not the real one."""
+    from _dist_util import run_ranks
+
+    configs = [{"type": "SGD", "lr": 0.1, "fused": True}, {"type": "SGD", "lr": 0.1}]
+    lion = "optcore-lion:Lion" in {s.qualified for s in optcore.list_optimizers()}
+    if lion:
+        configs += [{"type": "optcore-lion:Lion", "fused": True}, {"type": "optcore-lion:Lion"}]
+    results = run_ranks(_fused_on_shards_worker, 1, configs)[0]
+    for config, error in zip(configs, results):
+        if config.get("fused"):
+            assert error is not None and "fused=True" in error and "DTensor" in error, (config, error)
+            assert "Leave fused unset" in error
+        else:
+            assert error is None, (config, error)  # unset: the foreach path over the shards
+
+
+def _flatten_groups(opt: torch.optim.Optimizer) -> None:
+    """What DeepSpeed ZeRO-1/2 does to a client optimizer: one flat fp32 partition per group."""
+    for group in opt.param_groups:
+        group["params"] = [torch.cat([p.detach().reshape(-1) for p in group["params"]]).requires_grad_()]
+        group["params"][0].grad = torch.ones_like(group["params"][0])
+
+
+@pytest.mark.parametrize(
+    "name,refused",
+    [("optcore-adafactor:Adafactor", True), ("torch:Adafactor", True), ("torch:AdamW", False), ("optcore-lion:Lion", False)],
+)
+def test_a_non_elementwise_optimizer_refuses_flat_partitions_at_its_first_step(name: str, refused: bool) -> None:
+    _spec(name)
+    model = _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = optcore.build_optimizer({"type": name}, model)
+    _flatten_groups(opt)
+    before = [p.detach().clone() for g in opt.param_groups for p in g["params"]]
+    if not refused:
+        opt.step()
+        return
+    with pytest.raises(optcore.ConfigError, match=r"flat 1-D partition.*sharding='factored'"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, (p for g in opt.param_groups for p in g["params"])))
+
+
+def test_same_shape_replacements_and_added_groups_pass() -> None:
+    _spec("optcore-adafactor:Adafactor")
+    model = _model()
+    opt = optcore.build_optimizer({"type": "optcore-adafactor:Adafactor"}, model)
+    for group in opt.param_groups:  # per-tensor fp32 copies, as FP16Optimizer(flat=False) makes
+        group["params"] = [p.detach().clone().requires_grad_() for p in group["params"]]
+        for p in group["params"]:
+            p.grad = torch.ones_like(p)
+    extra = torch.zeros(3, 3, requires_grad=True)
+    extra.grad = torch.ones(3, 3)
+    opt.add_param_group({"params": [extra]})
+    opt.step()

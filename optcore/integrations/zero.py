@@ -6,41 +6,186 @@ by hand from ``model.parameters()`` it loses what optcore's plan decided: the
 no-decay and regex param groups, group overrides and ``lr_scale``, and the
 implementation choice (the fused kernel). :func:`zero_redundancy` hands ZeRO
 the plan's groups, class and hyper-parameters instead, so the sharded run
-steps exactly as the unsharded one.
+steps exactly as the unsharded one, and returns a ZeRO optimizer that keeps
+optcore's contract over *all* ranks: the learning rate of every shard, the
+gradient norm over every shard, parameters averaged whole.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from .._adapt import adapt
+from .._contract import ContractMixin, GroupSelector, _check_ranks_agree
 from .._errors import ConfigError
+from .._grads import by_device_and_dtype, params_with_grad, shard_norm, total_grad_norm
 from .._plan import plan
+
+#: The ``sharding`` kinds whose update ZeRO's whole-tensor shards leave unchanged:
+#: each parameter's update needs only that parameter (and its gradient and state).
+WHOLE_TENSOR_KINDS = ("elementwise", "factored", "per_tensor")
 
 
 def zero_redundancy(config: Any, model: Any, *, allow_import_paths: bool | None = None, **zero_kwargs: Any) -> Any:
     """A ``torch.distributed.optim.ZeroRedundancyOptimizer`` with the groups,
-    class and hyper-parameters of ``build_optimizer(config, model)``.
+    class and hyper-parameters of ``build_optimizer(config, model)``, and
+    optcore's contract over all ranks (:func:`sharded_class`).
 
     ``zero_kwargs`` go to ZeRO (``process_group``, ``parameters_as_bucket_view``,
     ``overlap_with_ddp``). Call it on every rank after the process group is
-    initialised; ``optcore.unwrap(zero)`` is the rank's local optcore optimizer.
+    initialised. Optimizers whose update ZeRO's shards would change (``sharding``
+    ``"global"`` or ``"unknown"``) and precision wrappers are refused with a
+    :class:`~optcore.ConfigError` before any collective runs.
     """
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
     built = plan(config, model, allow_import_paths=allow_import_paths)
     if built.inner is not None:
         raise ConfigError(
-            f"{built.spec.name} wraps another optimizer and keeps state across all parameters; ZeRO shards "
-            "plain optimizers only. Shard the inner optimizer and handle precision outside, or train unsharded."
+            f"{built.spec.name} wraps another optimizer and keeps its fp32 master weights and loss scale over all "
+            "parameters; optcore.distributed.zero_redundancy shards plain optimizers only. Keep the parameters "
+            "in fp32 and train under torch.autocast with the plain optimizer sharded, or use DDP with the wrapper."
         )
     target = built.spec.target
     if not isinstance(target, type):
         raise ConfigError(f"{built.spec.qualified} is a factory; ZeroRedundancyOptimizer needs an optimizer class.")
-    if built.spec.capabilities.groups is False or getattr(target, "zero_shardable", True) is False:
+    sharding = built.spec.capabilities.sharding
+    if sharding not in WHOLE_TENSOR_KINDS or getattr(target, "zero_shardable", True) is False:
+        why = (
+            "its update uses statistics over the gradients of every parameter (sharding='global'), and each "
+            "rank's shard would compute its own from part of them"
+            if sharding == "global"
+            else "optcore does not know how its update couples elements (sharding='unknown'): a class that "
+            "updates each tensor on its own declares sharding = 'elementwise', 'factored' or 'per_tensor'"
+        )
         raise ConfigError(
-            f"{built.spec.qualified} couples its parameters (its update uses statistics over all of them), so "
-            "each rank stepping a shard would change the result; train it unsharded (DDP)."
+            f"{built.spec.qualified} cannot be sharded by ZeRO: {why}. Train it unsharded under DDP "
+            "(optcore.build_optimizer(config, model) on every rank), or shard an optimizer whose sharding is "
+            f"one of {list(WHOLE_TENSOR_KINDS)} (optcore list --all shows it).",
+            problems=[("type", f"sharding={sharding}")],
+            target=built.spec.name,
         )
     groups = [dict(g) for g in built.groups or ()]
-    return ZeroRedundancyOptimizer(groups, optimizer_class=adapt(target), **dict(built.hparams), **zero_kwargs)
+    cls = sharded_class()
+    return cls(groups, optimizer_class=adapt(target), **dict(built.hparams), **zero_kwargs)
+
+
+@functools.cache
+def sharded_class() -> type:
+    """``ZeroRedundancyOptimizer`` with optcore's contract (made on first use:
+    ``torch.distributed.optim`` is imported only when ZeRO is)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    class ShardedOptimizer(ContractMixin, ZeroRedundancyOptimizer):  # type: ignore[misc]
+        """ZeRO-1 with optcore's contract, every member over all ranks.
+
+        ``get_lr``/``set_lr`` are the local optimizer's (``.optim``), over ZeRO's
+        ``param_groups``, which ZeRO copies to it before each step;
+        ``clip_grad_norm`` measures the norm over every rank's shard (one
+        all-reduce of one number) and scales the gradients of all parameters;
+        ``average_params`` averages the parameters (the state of each is on one
+        rank, so there is none to average); ``step(scale=, groups=)`` reaches
+        the local optimizer. ``optcore.unwrap`` returns this object itself.
+        """
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.optim.shard_group = self.process_group  # its own clip_grad_norm is global too
+
+        # the capability flags are the local optimizer's
+        @property  # type: ignore[override]
+        def sharding(self) -> str:
+            return str(getattr(self.optim, "sharding", "unknown"))
+
+        @property  # type: ignore[override]
+        def lr_schedule(self) -> str:
+            return str(getattr(self.optim, "lr_schedule", "any"))
+
+        @property  # type: ignore[override]
+        def supports_step_with_scale(self) -> bool:
+            return bool(getattr(self.optim, "supports_step_with_scale", False))
+
+        @property  # type: ignore[override]
+        def supports_groups(self) -> bool:
+            return bool(getattr(self.optim, "supports_groups", False))
+
+        def get_lr(self) -> float | Tensor:
+            return self._local("get_lr")
+
+        def get_lrs(self) -> list[float | Tensor]:
+            return self._local("get_lrs")
+
+        def set_lr(self, lr: Any) -> None:
+            self._local("set_lr", lr)
+
+        def _local(self, member: str, *args: Any) -> Any:
+            """The local optimizer's ``member`` (its class may define its own, as
+            Adafactor's ``set_lr``) over ZeRO's groups, which are copied to it
+            first and back after."""
+            self._sync_param_groups(self.param_groups, self.optim.param_groups)
+            result = getattr(self.optim, member)(*args)
+            self._sync_param_groups(self.optim.param_groups, self.param_groups)
+            return result
+
+        def multiply_grads(self, c: float | Tensor) -> None:
+            """Every parameter's gradient (each rank holds all of them after DDP's all-reduce)."""
+            _multiply([p.grad for p in self._all_params if p.grad is not None], c)
+
+        def clip_grad_norm(
+            self, max_norm: float, aggregate_norm_fn: Callable[[Tensor], Tensor] | None = None
+        ) -> Tensor:
+            """The norm of the gradients over every rank's shard; all gradients are
+            scaled, so every rank's stay equal to those of the unsharded run."""
+            total = shard_norm(total_grad_norm([p.grad for p in params_with_grad(self.optim.param_groups)]),
+                               self.process_group, self._default_device)
+            if aggregate_norm_fn is not None:
+                total = aggregate_norm_fn(total)
+            if max_norm > 0 and bool(torch.isfinite(total)):
+                self.multiply_grads((max_norm / (total + 1e-6)).clamp(max=1.0))
+            return total
+
+        @torch.no_grad()
+        def average_params(self, group: Any = None) -> None:
+            """All parameters averaged over the ranks of ``group`` (ZeRO's process
+            group when ``None``); the optimizer state is sharded, not replicated."""
+            dist = torch.distributed
+            group = self.process_group if group is None else group
+            if dist.get_world_size(group) == 1:
+                return
+            tensors = [p.data for p in self._all_params]
+            _check_ranks_agree(tensors, group)
+            for bucket in by_device_and_dtype(tensors).values():
+                flat = torch.cat([t.reshape(-1) for t in bucket])
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+                flat.div_(dist.get_world_size(group))
+                for t, chunk in zip(bucket, flat.split([t.numel() for t in bucket])):
+                    t.copy_(chunk.view_as(t))
+
+        def step(  # type: ignore[override]
+            self, closure: Callable[[], float] | None = None, scale: float = 1.0, groups: GroupSelector = None
+        ) -> float | None:
+            kwargs: dict[str, Any] = {}
+            if scale != 1.0:
+                kwargs["scale"] = scale
+            if groups is not None:
+                kwargs["groups"] = groups
+            return ZeroRedundancyOptimizer.step(self, closure, **kwargs)
+
+        def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+            """ZeRO's (call ``consolidate_state_dict()`` on every rank first)."""
+            return ZeroRedundancyOptimizer.state_dict(self)
+
+        def load_state_dict(self, state_dict: Any, optimizer_overrides: Any = None) -> None:  # type: ignore[override]
+            ZeroRedundancyOptimizer.load_state_dict(self, state_dict)
+
+    return ShardedOptimizer
+
+
+def _multiply(grads: Sequence[Tensor], c: float | Tensor) -> None:
+    if not isinstance(c, Tensor) and c == 1.0:
+        return
+    for (device, _), bucket in by_device_and_dtype(grads).items():
+        torch._foreach_mul_(bucket, c.to(device) if isinstance(c, Tensor) else c)

@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from optcore import ConfigError
-from optcore.plugin import validate_hparams
+from optcore.plugin import in_dcp_get, validate_hparams
 
-from ._wrapper import ParamGroupView, PrecisionWrapper, is_contract, non_finite
+from ._wrapper import WRAPPER_KEY, ParamGroupView, PrecisionWrapper, is_contract, non_finite
 from .loss_scaler import DynamicLossScaler
 from .schemas import FP16OptimizerConfig, LossScalerConfig
 
@@ -121,6 +121,11 @@ def _flat_masters(params: list[Tensor]) -> _Masters:
     with torch.no_grad():
         torch._foreach_copy_(masters.views, [p.detach() for p in params])
     return masters
+
+
+def _is_flat(value: Any, buffer: Tensor) -> bool:
+    """Whether a state entry has one element per element of the flat buffer."""
+    return isinstance(value, Tensor) and value.dim() == 1 and value.numel() == buffer.numel() and value.numel() > 1
 
 
 def _per_tensor_masters(params: list[Tensor]) -> _Masters:
@@ -343,10 +348,74 @@ class FP16Optimizer(PrecisionWrapper):
     # ------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """Also holds the fp32 master parameters, so a resumed run continues the
-        exact trajectory instead of restarting from the rounded fp16 weights."""
+        exact trajectory instead of restarting from the rounded fp16 weights.
+        For torch.distributed.checkpoint, which files state by parameter name,
+        a flat copy's state and masters are given per model parameter."""
         sd = super().state_dict()
         sd[MASTER_KEY] = [list(m.tensors) for m in self._masters]
+        if self.flat and in_dcp_get():
+            sd = self._per_parameter(sd)
         return sd
+
+    def load_state_dict(  # type: ignore[override]
+        self, state_dict: Mapping[str, Any], optimizer_overrides: Mapping[str, Any] | None = None
+    ) -> None:
+        info = state_dict.get(WRAPPER_KEY) if isinstance(state_dict, Mapping) else None
+        if self.flat and isinstance(info, Mapping) and info.get("per_parameter"):
+            state_dict = self._flat_again(state_dict)
+        super().load_state_dict(state_dict, optimizer_overrides)
+
+    def _per_parameter(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """``sd`` with one state entry (slices of the flat state) and one fp32
+        master per model parameter, numbered as the wrapper's param groups."""
+        state: dict[int, Any] = {}
+        groups, masters, index = [], [], 0
+        for saved, view, m in zip(sd["param_groups"], self.param_groups, self._masters):
+            trainable = {id(p): j for j, p in enumerate(m.params)}
+            ids = []
+            for p in view["params"]:
+                ids.append(index)
+                j = trainable.get(id(p))
+                if j is not None:
+                    b, start, end = m.spans[j]
+                    flat_state = sd["state"].get(saved["params"][b], {})
+                    state[index] = {
+                        k: v[start:end].view(p.shape) if _is_flat(v, m.tensors[b]) else v for k, v in flat_state.items()
+                    }
+                index += 1
+            groups.append({**saved, "params": ids})
+            masters.append(list(m.views))
+        return {**sd, "state": state, "param_groups": groups, MASTER_KEY: masters,
+                WRAPPER_KEY: {**sd[WRAPPER_KEY], "per_parameter": True}}
+
+    def _flat_again(self, sd: Mapping[str, Any]) -> dict[str, Any]:
+        """The inverse of :meth:`_per_parameter`: each flat buffer's state and
+        master from its parameters' entries, in the buffer's order."""
+        state: dict[int, Any] = {}
+        groups, masters, index = [], [], 0
+        per_param_masters = sd.get(MASTER_KEY)
+        for g, (saved, view, m) in enumerate(zip(sd["param_groups"], self.param_groups, self._masters)):
+            position = {id(p): k for k, p in enumerate(view["params"])}
+            buffers, flat_masters = [], []
+            for b in range(len(m.tensors)):
+                members = [j for j, span in enumerate(m.spans) if span[0] == b]
+                entries = [sd["state"].get(saved["params"][position[id(m.params[j])]]) for j in members]
+                if all(e is not None for e in entries) and entries:
+                    state[index] = {
+                        k: torch.cat([e[k].reshape(-1) for e in entries])
+                        if isinstance(v, Tensor) and v.shape == m.params[members[0]].shape else v
+                        for k, v in entries[0].items()
+                    }
+                if per_param_masters is not None:
+                    flat_masters.append(torch.cat([per_param_masters[g][j].reshape(-1) for j in members]))
+                buffers.append(index)
+                index += 1
+            groups.append({**saved, "params": buffers})
+            masters.append(flat_masters)
+        out = {**sd, "state": state, "param_groups": groups}
+        if per_param_masters is not None:
+            out[MASTER_KEY] = masters
+        return out
 
     def _layout(self) -> dict[str, Any]:
         return {"flat": self.flat}
