@@ -42,6 +42,9 @@ def test_every_example_file_matches_the_exported_schema(file_schema, path):
         {"optimizer": {"type": "AdamW", "learning_rate": 1e-3}},  # unknown key
         {"optimizer": {"type": "AdamW"}, "num_training_step": 10},  # typo at the top
         {"configs": [{"name": "x", "optimizer": {"type": "SGD", "momentum": "lots"}}]},
+        {"configs": [{"optimizer": {"type": "SGD"}, "search_space": {"learning_rate": [1e-3, 1e-1]}}]},  # name
+        {"configs": [{"optimizer": {"type": "SGD"}, "search_space": {"lr": [1e-3, 1e-1, "cubic"]}}]},  # scale
+        {"configs": [{"optimizer": {"type": "SGD"}, "search_space": {"lr": {"low": 1e-3}}}]},  # no high
     ],
 )
 def test_a_broken_file_fails_the_schema(file_schema, broken):

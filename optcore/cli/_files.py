@@ -171,6 +171,7 @@ def config_file_schema(specs: Iterable[Any] | None = None, schedulers: Iterable[
         "required": ["optimizer"],
         "additionalProperties": False,
     }
+    defs["search_space"] = _search_space_schema()
     entry = {
         "anyOf": [
             {
@@ -179,6 +180,7 @@ def config_file_schema(specs: Iterable[Any] | None = None, schedulers: Iterable[
                     "name": {"type": "string"},
                     "optimizer": {"$ref": "#/$defs/optimizer_config"},
                     "lr_scheduler": {"$ref": "#/$defs/scheduler_config"},
+                    "search_space": {"$ref": "#/$defs/search_space"},
                 },
                 "required": ["optimizer"],
                 "additionalProperties": False,
@@ -247,3 +249,27 @@ def cmd_schema(args: argparse.Namespace) -> int:
         return 0
     print(json.dumps(optimizer_file_schema(spec), indent=2, default=str))
     return 0
+
+
+def _search_space_schema() -> dict[str, Any]:
+    """A compare entry's ``search_space`` (what ``optcore.compare.lineup.parse_space``
+    reads): each name a range ``[low, high]``, ``[low, high, "log"|"linear"]`` or
+    ``{low, high, log}``."""
+    from ..compare.lineup import SPACE_DIMS
+
+    number = {"type": "number"}
+    dim = {
+        "anyOf": [
+            {"type": "array", "prefixItems": [number, number], "minItems": 2, "maxItems": 2},
+            {"type": "array", "prefixItems": [number, number, {"enum": ["log", "linear"]}], "minItems": 3,
+             "maxItems": 3},
+            {"type": "object", "properties": {"low": number, "high": number, "log": {"type": "boolean"}},
+             "required": ["low", "high"], "additionalProperties": False},
+        ]
+    }  # fmt: skip
+    return {
+        "type": "object",
+        "description": "the ranges --trials draws this config's points from (docs/choosing.md)",
+        "properties": {name: {**dim, "description": what} for name, what in SPACE_DIMS.items()},
+        "additionalProperties": False,
+    }
