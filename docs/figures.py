@@ -2,6 +2,8 @@
 
     python docs/figures.py            # rewrite the generated sections (and plots) from docs/results/
     python docs/figures.py --check    # exit 1 if a section differs from its results file (the test does this)
+    python docs/figures.py --summarise-protocol OUT   # docs/results/compare_protocol.json from a tuned
+                                                      # --task a,b run's --out, then as without it
 
 Each figure is a section of a markdown file between
 ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->``, and a
