@@ -2,6 +2,8 @@
 
     python docs/figures.py            # rewrite the generated sections (and plots) from docs/results/
     python docs/figures.py --check    # exit 1 if a section differs from its results file (the test does this)
+    python docs/figures.py --summarise-protocol OUT   # docs/results/compare_protocol.json from a tuned
+                                                      # --task a,b run's --out, then as without it
 
 Each figure is a section of a markdown file between
 ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->``, and a
@@ -282,6 +284,86 @@ def plot_compare_tasks(data: dict[str, Any]) -> None:
     plot_profile(data["scores"], ROOT / "docs" / "img" / "choosing" / "tasks" / "profile.png", title)
 
 
+PROTOCOL = ROOT / "docs" / "img" / "choosing" / "protocol"
+
+
+def summarise_protocol(folder: Path) -> dict[str, Any]:
+    """The part of a tuned multi-task comparison (``--task a,b --trials K``) that the
+    docs show: its top-level ``results.json`` (tasks, targets, scores) and, per task,
+    the protocol, the rows at defaults and re-seeded, and every study's trials, without
+    the per-step loss curves (which stay in the run's own folder)."""
+    top = json.loads((folder / "results.json").read_text())
+    for task, entry in top["tasks"].items():
+        doc = json.loads((folder / task / "results.json").read_text())
+        keep = ("name", "lr", "final", "final_sd", "n_seeds", "status", "rank")
+        entry.update(
+            protocol=doc["protocol"],
+            settings={k: doc["settings"][k] for k in ("steps", "device", "threads", "jobs", "isolation")},
+            defaults=[{k: r.get(k) for k in keep} for r in doc["rows"]],
+            reseeded=[{k: r.get(k) for k in keep} for r in doc["tuned"]["rows"]],
+            optimizers=doc["tuned"]["optimizers"],
+        )
+    return top
+
+
+def render_compare_protocol(data: dict[str, Any]) -> str:
+    from optcore.compare.tuning import describe_unstable
+
+    def loss(value: float | None, sd: float | None = None) -> str:
+        return "-" if value is None else f"{value:.3f}" + (f" ± {sd:.3f}" if sd is not None else "")
+
+    lines = [
+        "| task | # | optimizer | at defaults | best per study | score | chosen point | re-seeded |",
+        "|---|---|---|---:|---:|---:|---|---:|",
+    ]
+    unstable = []
+    for task, entry in data["tasks"].items():
+        defaults = {r["name"]: r for r in entry["defaults"]}
+        for row in entry["reseeded"]:
+            record = entry["optimizers"][row["name"]]
+            point = " ".join(f"{k}={v:.3g}" for k, v in (record["chosen"] or {}).get("point", {}).items()) or "-"
+            at = defaults.get(row["name"])
+            lines.append(
+                f"| {task} | {row['rank']} | {row['name']} | {loss(at['final'], at['final_sd']) if at else '-'} "
+                f"| {' '.join(loss(s['best']) for s in record['studies'])} | {loss(record['score'])} | {point} "
+                f"| {loss(row['final'], row['final_sd'])} |"
+            )
+        unstable += [f"{task}: {line}" for name, r in entry["optimizers"].items()
+                     if (line := describe_unstable(name, r["unstable"]))]  # fmt: skip
+    (protocol,) = {json.dumps(e["protocol"], sort_keys=True) for e in data["tasks"].values()}
+    protocol = json.loads(protocol)
+    settings = next(iter(data["tasks"].values()))["settings"]
+    lines += [
+        "",
+        f"{protocol['trials']} trials x {protocol['studies']} studies per optimizer ({protocol['sampler']} points, "
+        f"sampler seed {protocol['sampler_seed']}), each trial on seed {protocol['tuning_seed']}; the chosen point "
+        f"re-run on seeds {','.join(map(str, protocol['seeds']))} (mean ± sd of the final held-out loss, ranked "
+        f"with ties where the spreads overlap); {settings['steps']} steps per run, {settings['device']}, "
+        f"{settings['threads']} thread(s), {settings['isolation']}."
+        + (" Diverged: " + "; ".join(unstable) + "." if unstable else " No trial diverged."),
+        "",
+        f"Time to target, over the {len(data['tasks'])} tasks and the {len(protocol['seeds'])} re-seeded runs "
+        "of each chosen point:",
+        "",
+        render_compare_tasks(data),
+    ]
+    return "\n".join(lines)
+
+
+def plot_compare_protocol(data: dict[str, Any]) -> None:
+    from optcore.compare.commands import _trial_rows
+    from optcore.compare.report import plot_sweep
+    from optcore.compare.scoreboard import plot_profile
+
+    PROTOCOL.mkdir(parents=True, exist_ok=True)
+    title = f"tuned, {len(data['tasks'])} tasks ({', '.join(data['tasks'])})"
+    plot_profile(data["scores"], PROTOCOL / "profile.png", title)
+    for task, entry in data["tasks"].items():
+        meta = {"summary": f"{task}, {entry['settings']['steps']} steps, every tuning trial "
+                           f"(seed {entry['protocol']['tuning_seed']})", "memory_note": "", "seeds": [entry['protocol']['tuning_seed']]}  # fmt: skip
+        plot_sweep(_trial_rows(entry), meta, PROTOCOL / f"tuning-{task}.png")
+
+
 FIGURES: list[Figure] = [
     Figure(
         "road",
@@ -306,6 +388,16 @@ FIGURES: list[Figure] = [
         "--target char-lm=2.35,vision=1.0 --out docs/img/choosing/tasks && cp docs/img/choosing/tasks/results.json docs/results/compare_tasks.json",
         render_compare_tasks,
         plot_compare_tasks,
+    ),
+    Figure(
+        "compare-protocol",
+        ROOT / "docs" / "choosing.md",
+        RESULTS / "compare_protocol.json",
+        "optcore compare --task char-lm,vision --optimizers torch:AdamW,optcore-lion:Lion,torch:SGD --algoperf "
+        "--seeds 1,2,3 --steps 150 --target char-lm=2.4,vision=0.9 --in-process --quiet "
+        "--out docs/img/choosing/protocol && python docs/figures.py --summarise-protocol docs/img/choosing/protocol",
+        render_compare_protocol,
+        plot_compare_protocol,
     ),
     Figure(
         "timing-compare",
@@ -408,7 +500,13 @@ def _where(figure: Figure) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--summarise-protocol", metavar="OUT", type=Path,
+                        help="write docs/results/compare_protocol.json from a tuned --task a,b comparison's --out")
     args = parser.parse_args(argv)
+    if args.summarise_protocol is not None:
+        target = RESULTS / "compare_protocol.json"
+        target.write_text(json.dumps(summarise_protocol(args.summarise_protocol), indent=1) + "\n")
+        print(f"wrote {target.relative_to(ROOT)}")
     stale = []
     for figure in FIGURES:
         if not figure.results.exists():  # a new figure before its first measured run: say so, do the others

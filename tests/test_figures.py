@@ -3,6 +3,8 @@ was rendered from (docs/figures.py): the README cannot drift from what was measu
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from bench_helpers import ROOT, figures
 
@@ -43,3 +45,27 @@ def test_the_readme_tells_a_newcomer_where_the_command_is_how_long_tests_take_an
     caption = figures.current(compare).rsplit("\n", 1)[-1]
     assert "same on every run" not in caption
     assert "same torch build and seed" in caption and "across machines" in caption and "2nd-3rd decimal" in caption
+
+
+def test_the_protocol_summary_keeps_each_tasks_tuning_and_drops_the_curves(tmp_path):
+    """--summarise-protocol reads a tuned multi-task --out folder: the top-level scores,
+    and per task what the table shows, without the per-step losses of every run."""
+    studies = [{"best": 2.0, "trials": [{"lr": 0.01, "final": 2.0, "status": "ok"}], "pruned": 0, "diverged": 0}]
+    record = {"studies": studies, "chosen": {"point": {"lr": 0.01}, "lr": 0.01, "score": 2.0}, "score": 2.0,
+              "unstable": {"diverged_lrs": [], "largest_ok_lr": 0.01, "from_lr": None}}
+    row = {"name": "A", "lr": 0.01, "final": 2.1, "final_sd": 0.01, "n_seeds": 3, "status": "ok", "rank": "1",
+           "runs": [0], "sweep": []}
+    doc = {"protocol": {"trials": 1, "studies": 1, "seeds": [1, 2, 3]}, "elapsed_s": 3.0, "rows": [row],
+           "settings": {"steps": 10, "device": "cpu", "threads": 1, "jobs": 1, "isolation": "in-process", "study": "s"},
+           "results": [{"losses": [3.0, 2.0]}], "tuned": {"optimizers": {"A": record}, "rows": [row],
+                                                        "results": [{"losses": [3.0, 2.0]}]}}
+    (tmp_path / "char-lm").mkdir()
+    (tmp_path / "char-lm" / "results.json").write_text(json.dumps(doc))
+    top = {"tasks": {"char-lm": {"folder": "char-lm", "summary": "s", "complete": True}}, "scores": {"targets": {}}}
+    (tmp_path / "results.json").write_text(json.dumps(top))
+    summary = figures.summarise_protocol(tmp_path)
+    entry = summary["tasks"]["char-lm"]
+    assert summary["scores"] == {"targets": {}} and entry["optimizers"] == {"A": record}
+    assert entry["reseeded"] == entry["defaults"] == [{k: row[k] for k in
+                                                       ("name", "lr", "final", "final_sd", "n_seeds", "status", "rank")}]
+    assert "losses" not in json.dumps(summary) and "study" not in entry["settings"]
