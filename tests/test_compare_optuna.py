@@ -138,8 +138,9 @@ def test_the_score_is_the_median_of_the_studies_bests():
 
 def test_tuned_protocol_end_to_end_and_report_from_storage(tmp_path, capsys):
     out = tmp_path / "live"
-    doc = _compare(out, "--trials", "2", "--studies", "2", "--seeds", "1,2")
+    doc = _compare(out, "--trials", "2", "--studies", "2", "--seeds", "1,2", "--target", "4.0")
     printed = capsys.readouterr().out
+    assert doc["scores"]["targets"] and all(t["source"] == "given" for t in doc["scores"]["targets"].values())
     assert "at defaults and tuned with 2 trials x 2 studies" in printed and "re-seeded" in printed
     tuned = doc["tuned"]
     assert doc["protocol"]["trials"] == 2 and doc["protocol"]["studies"] == 2 and doc["protocol"]["seeds"] == [1, 2]

@@ -166,11 +166,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         steps=settings.steps, seeds=seeds, lr_sweep=args.lr_sweep, lrs=lrs, protocol=protocol,
         extra={"summary": f"{task.describe()}, {settings.steps} steps, seeds {','.join(map(str, seeds))}, "
                f"{settings.device}", "memory_note": memory_note, "loss_label": getattr(task, "loss_label", "loss"),
-               "settings": {"device": settings.device, "threads": args.threads, "jobs": jobs, "isolation": isolation}},
+               "settings": {"device": settings.device, "threads": args.threads, "jobs": jobs, "isolation": isolation},
+               "target": target},
     )  # fmt: skip
     explicit = not args.storage or any(getattr(args, flag, None) not in (None, False) for flag in SWEEP_FLAGS)
     sweep = Sweep.open(open_storage(url, args.heartbeat), args.study, meta, explicit=explicit)
     meta = sweep.meta  # a worker that joins runs the stored sweep
+    target = target if args.target is not None else meta.get("target")  # and scores it by the stored target
     settings = dataclasses.replace(settings, steps=meta["steps"], task=meta["task"]["spec"])
     console = _console()
     planned = sweep.planned()
@@ -379,7 +381,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     doc = {**collect(sweep), "settings": {**sweep.meta.get("settings", {}), "storage": _hide_password(args.storage),
                                           "study": args.study}}  # fmt: skip
-    show_comparison(doc, out, _console())
+    show_comparison(doc, out, _console(), sweep.meta.get("target"))  # the live run's --target, stored
     return 0
 
 
