@@ -440,3 +440,28 @@ def test_importing_optcore_does_not_import_optuna():
     code = "import sys, optcore, optcore.compare, optcore.compare.commands; print('optuna' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_workers_that_open_a_new_sqlite_storage_together_all_get_it(tmp_path):
+    """Workers started together race to create the schema; on SQLite the loser sees
+    "table ... already exists", which open_storage waits out like PostgreSQL's IntegrityError."""
+    import threading
+
+    from optcore.compare.study import open_storage
+
+    failures: list[str] = []
+    for k in range(8):
+        url = f"sqlite:///{tmp_path / f'race{k}.db'}"
+
+        def open_it(url: str = url) -> None:
+            try:
+                open_storage(url)
+            except Exception as exc:  # noqa: BLE001 - the test collects whatever escapes
+                failures.append(repr(exc))
+
+        threads = [threading.Thread(target=open_it) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert failures == []

@@ -111,8 +111,10 @@ def open_storage(url: str, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> Any:
                 raise ConfigError(f"--storage {url!r} needs a database driver: {exc} (PostgreSQL: pip install "
                                   "psycopg2-binary).", problems=[("storage", "driver")]) from None  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - sqlalchemy's errors name the server and the reason
-                # Workers that start together race to create the schema: the loser finds it made.
-                if "IntegrityError" in type(exc).__name__ + repr(exc) and attempt < 9:
+                # Workers that start together race to create the schema: the loser finds it made
+                # (an IntegrityError on PostgreSQL; on SQLite "table ... already exists").
+                race = "IntegrityError" in type(exc).__name__ + repr(exc) or "already exists" in str(exc)
+                if race and attempt < 9:
                     time.sleep(0.2 * (attempt + 1))
                     continue
                 raise ConfigError(f"Cannot open the Optuna storage {_hide_password(url)!r}: {type(exc).__name__}: {exc}",
