@@ -186,3 +186,16 @@ def test_dcp_save_and_resume_exactly(tmp_path: Any) -> None:
     _train(resumed, [opt2], range(3, 6))
     for a, b in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("rank", 0), ("rank", -2), ("update_proj_gap", 0), ("scale", 0.0), ("scale", -1.0), ("proj_type", "diag")],
+)
+def test_a_projection_setting_out_of_range_is_refused_by_name_at_build_and_check(field: str, value: Any) -> None:
+    config = {**CONFIG, field: value}
+    with pytest.raises(optcore.ConfigError) as caught:
+        optcore.build_optimizer(config, _model())
+    assert [f for f, _ in caught.value.problems] == [field]
+    with pytest.raises(optcore.ConfigError):
+        optcore.plan(config)  # what optcore check runs: no model needed to refuse it

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt
 
 #: GaLore's settings read from each param group, with the defaults of its paper and README.
 PROJECTION: dict[str, Any] = {"rank": 128, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"}
-_ANNOTATIONS: dict[str, Any] = {"rank": int, "update_proj_gap": int, "scale": float,
+_ANNOTATIONS: dict[str, Any] = {"rank": Annotated[int, Ge(1)], "update_proj_gap": Annotated[int, Ge(1)],
+                                "scale": Annotated[float, Gt(0)],
                                 "proj_type": Literal["std", "reverse_std", "right", "left", "full"]}  # fmt: skip
 _cache: dict[type, type] = {}
 _lock = threading.Lock()
@@ -59,6 +62,7 @@ def low_rank(cls: type, name: str) -> type:
         added = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v, annotation=_ANNOTATIONS[k])
                  for k, v in PROJECTION.items()]  # fmt: skip
         positional = [p for p in kept if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        __init__.__annotations__ = dict(_ANNOTATIONS)  # what get_type_hints, and so the derived schema, reads
         __init__.__signature__ = signature.replace(parameters=[  # type: ignore[attr-defined]
             *[p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) if p.kind is inspect.Parameter.KEYWORD_ONLY
               else p for p in positional], *added])  # fmt: skip
