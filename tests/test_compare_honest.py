@@ -99,6 +99,52 @@ def test_compare_with_two_seeds_plots_their_mean(tmp_path, monkeypatch):
     assert mean[-1] == pytest.approx(row["final"]) and len({r["final"] for r in doc["results"]}) == 2
 
 
+def _sweep_figure(monkeypatch, rows):
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    report.plot_sweep(rows, {"summary": "test"}, report.Path("/dev/null"))
+    return kept[0]
+
+
+def _sweep_row(name, finished, diverged):
+    sweep_points = [{"lr": lr, "mean": loss, "sd": None, "status": "ok"} for lr, loss in finished]
+    sweep_points += [{"lr": lr, "mean": None, "sd": None, "status": "diverged"} for lr in diverged]
+    best_lr, best = min(finished, key=lambda p: p[1])
+    return {"name": name, "swept": True, "sweep": sorted(sweep_points, key=lambda p: p["lr"]), "lr": best_lr,
+            "final": best}  # fmt: skip
+
+
+def test_the_sweep_plot_shows_the_diverged_lrs_beyond_the_largest_finished_one(monkeypatch):
+    # SGD's tuning on char-lm: finished up to lr 0.375, diverged from 0.618 up
+    sgd = _sweep_row("SGD", [(0.01, 2.9), (0.1, 2.5), (0.375, 2.4)], [0.618, 0.807, 1.27])
+    adamw = _sweep_row("AdamW", [(1e-4, 3.1), (1e-3, 2.3), (3e-3, 2.35)], [])
+    ax = _sweep_figure(monkeypatch, [adamw, sgd]).axes[0]
+    low, high = ax.get_xlim()
+    assert low <= 1e-4 and high >= 1.27  # the axis spans every lr that ran, the diverged ones included
+    crosses = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [0.618, 0.807, 1.27]
+    assert "diverged" in crosses[0].get_label() and crosses[0].get_label().startswith("SGD")
+    assert all(0 < y <= 1 for y in crosses[0].get_ydata())  # a strip inside the axes, whatever the losses
+    (band,) = ax.patches
+    left, right = band.get_x(), band.get_x() + band.get_width()
+    assert left == pytest.approx(0.618) and right >= 1.27 and right < 2  # the unstable region, shaded
+    assert any("diverged" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_a_sweep_without_diverged_lrs_has_no_strip_or_band(monkeypatch):
+    ax = _sweep_figure(monkeypatch, [_sweep_row("AdamW", [(1e-4, 3.1), (1e-3, 2.3)], [])]).axes[0]
+    assert not [line for line in ax.get_lines() if line.get_marker() == "x"] and not ax.patches
+
+
+def test_diverged_lrs_between_finished_ones_are_marked_but_not_shaded_as_one_region(monkeypatch):
+    row = _sweep_row("Lion", [(1e-4, 3.0), (1e-2, 2.8)], [1e-3])
+    ax = _sweep_figure(monkeypatch, [row]).axes[0]
+    (crosses,) = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert list(crosses.get_xdata()) == [1e-3] and not ax.patches
+
+
 # ------------------------------------------------------------------ ties
 def _row(name, final, sd=None):
     return {"name": name, "final": final, "final_sd": sd}

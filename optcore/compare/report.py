@@ -17,6 +17,8 @@ from typing import Any
 
 from optcore import __version__
 
+from .tuning import unstable_region
+
 
 def human_bytes(n: float | None) -> str:
     if n is None:
@@ -223,24 +225,41 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str
 
 def plot_sweep(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], path: Path, loss_label: str = "loss") -> None:
     """Final held-out loss against the learning rate, one line per optimizer
-    (error bars: the spread over seeds), the chosen lr ringed."""
+    (error bars: the spread over seeds), the chosen lr ringed.
+
+    A run that diverged has no final loss, so its lr is drawn as a cross on a strip
+    along the top of the plot, and an optimizer's unstable region (every lr from its
+    smallest diverged one up, when all of them lie above the lrs that finished) is
+    shaded: the x-axis spans every lr that was run, not only those that finished."""
+    from matplotlib.transforms import blended_transform_factory
+
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5.2), dpi=110, layout="constrained")
     colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20").colors
-    for i, row in enumerate(r for r in rows if r["swept"]):
-        points = [s for s in row["sweep"] if s["lr"] is not None and s["mean"] is not None]
-        if not points:
-            continue
+    strip = blended_transform_factory(ax.transData, ax.transAxes)
+    swept = [r for r in rows if r["swept"]]
+    for i, row in enumerate(swept):
         color = colors[i % len(colors)]
-        ax.errorbar([s["lr"] for s in points], [s["mean"] for s in points], yerr=[s["sd"] or 0.0 for s in points],
-                    color=color, marker="o", ms=4, lw=1.4, capsize=3, label=row["name"])  # fmt: skip
+        points = [s for s in row["sweep"] if s["lr"] is not None and s["mean"] is not None]
+        failed = [s for s in row["sweep"] if s["lr"] is not None and s["mean"] is None]
+        if points:
+            ax.errorbar([s["lr"] for s in points], [s["mean"] for s in points], yerr=[s["sd"] or 0.0 for s in points],
+                        color=color, marker="o", ms=4, lw=1.4, capsize=3, label=row["name"])  # fmt: skip
         if row["final"] is not None:
             ax.plot([row["lr"]], [row["final"]], "o", ms=11, mfc="none", mec=color, mew=1.6)
-        for s in row["sweep"]:
-            if s["lr"] is not None and s["mean"] is None:
-                ax.annotate(s["status"], (s["lr"], max(p["mean"] for p in points)), color=color, fontsize=8)
+        if not failed:
+            continue
+        height = 0.97 - 0.035 * i
+        ax.plot([s["lr"] for s in failed], [height] * len(failed), "x", ms=7, mew=1.8, color=color, transform=strip,
+                label=f"{row['name']}: {', '.join(sorted({s['status'] for s in failed}))}")  # fmt: skip
+        ax.update_datalim([(s["lr"], points[0]["mean"] if points else 0.0) for s in failed], updatey=False)
+        region = unstable_region([{"lr": s["lr"], "status": "ok" if s["mean"] is not None else s["status"]}
+                                  for s in row["sweep"] if s["lr"] is not None])  # fmt: skip
+        if region["from_lr"] is not None:
+            ax.axvspan(region["from_lr"], max(region["diverged_lrs"]) * 1.15, color=color, alpha=0.08, lw=0)
+    ax.autoscale_view()
     ax.set_xscale("log")
-    ax.set_xlabel("learning rate")
+    ax.set_xlabel("learning rate (x on the top strip: diverged; shaded: unstable region)")
     ax.set_ylabel(f"final held-out {loss_label}")
     ax.grid(alpha=0.3, which="both")
     ax.set_title(f"lr sweep (ringed: chosen): {meta['summary']}", fontsize=10)
