@@ -8,7 +8,7 @@ A hop is a call into another module; calls repeated back to back (a loop over
 groups) count once. Calls from a spec into the loader its registry gave it
 (dependency inversion, not an import) are left out. Each build is made once
 before it is traced, so first-use imports and caches are not on the road.
-``tests/test_architecture.py`` traces the same builds and fails when the road
+``tests/core/test_architecture.py`` traces the same builds and fails when the road
 differs from the committed results, so the page cannot drift from the code.
 """
 

@@ -9,7 +9,7 @@ Each figure is a section of a markdown file between
 ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->``, and a
 results file under ``docs/results/`` written by the command that measured it
 (its name is in :data:`FIGURES`). To refresh a figure, rerun that command,
-then this script; ``tests/test_figures.py`` fails while a section and its
+then this script; ``tests/docs/test_figures.py`` fails while a section and its
 results file disagree, so the README cannot drift from what was measured.
 """
 

@@ -15,7 +15,7 @@ from ._errors import SchedulerNotFoundError, StepError
 from ._version import __version__
 
 #: public name -> the module that defines it (the TYPE_CHECKING block below
-#: says the same to type checkers; tests/test_architecture.py keeps them equal)
+#: says the same to type checkers; tests/core/test_architecture.py keeps them equal)
 _LAZY = {
     name: module
     for module, names in {

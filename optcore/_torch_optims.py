@@ -5,7 +5,7 @@ torch enforces (or should: it accepts ``momentum=-1`` for SGD).
 Why from the signature: optcore admits torch 2.4 and newer, and the classes
 gain arguments (``Adam``'s ``decoupled_weight_decay`` is newer than 2.4); a
 field the installed class lacks would be passed to it and fail every build.
-``tests/test_schema_values.py`` checks that every argument of the pinned
+``tests/config/test_schema_values.py`` checks that every argument of the pinned
 torch has its constraint here, so none falls back to its bare annotation.
 """
 

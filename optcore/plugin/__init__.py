@@ -4,7 +4,7 @@
 is the authors': the contract's base classes and step preamble, the schema helpers, the hook
 marker, the tensor-grouping helpers and the conformance kit's entry points.
 A plugin imports only these two modules (and ``optcore.testing`` in its
-tests); import-linter and ``tests/test_architecture.py`` hold plugins to that.
+tests); import-linter and ``tests/core/test_architecture.py`` hold plugins to that.
 
 Like ``optcore``, each name is loaded from its module on first use (PEP 562),
 so importing this module imports neither pydantic nor pluggy nor the kit.
@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 #: public name -> the module that defines it (the TYPE_CHECKING block below
-#: says the same to type checkers; tests/test_architecture.py keeps them equal)
+#: says the same to type checkers; tests/core/test_architecture.py keeps them equal)
 _LAZY = {
     name: module
     for module, names in {
