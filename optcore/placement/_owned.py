@@ -80,13 +80,15 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def orthogonalise(
     updates: list[Tensor], shapes: list[tuple[int, ...]], group: Any,
-    whole: Callable[[int, Tensor], Tensor],
+    whole: Callable[[int, Tensor], Tensor], as_rank: tuple[int, int] | None = None,
 ) -> list[Tensor]:
     """For each local block of rows ``updates[i]`` of a matrix of global shape
     ``shapes[i]``: this rank's rows of ``whole(i, matrix)``, computed by the
-    matrix's owner on the whole matrix. Two ``all_to_all_single`` calls per dtype."""
+    matrix's owner on the whole matrix. Two ``all_to_all_single`` calls per dtype.
+    ``as_rank=(rank, world)`` (no ``group``): the buffers of that rank with no
+    collective, their contents empty (``optcore memory`` on the meta device)."""
     dist = torch.distributed
-    world, me = dist.get_world_size(group), dist.get_rank(group)
+    me, world = as_rank if as_rank is not None else (dist.get_rank(group), dist.get_world_size(group))
     out: list[Tensor | None] = [None] * len(updates)
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, u in enumerate(updates):
@@ -131,10 +133,11 @@ def orthogonalise(
 
 def _exchange(send: list[Tensor], send_split: list[int], recv_split: list[int], dtype: torch.dtype,
               device: torch.device, group: Any) -> Tensor:
-    """One ``all_to_all_single`` of the concatenated ``send`` pieces."""
+    """One ``all_to_all_single`` of the concatenated ``send`` pieces (none without a group)."""
     source = torch.cat(send) if send else torch.empty(0, dtype=dtype, device=device)
     target = torch.empty(sum(recv_split), dtype=dtype, device=device)
-    torch.distributed.all_to_all_single(target, source, recv_split, send_split, group=group)
+    if group is not None:
+        torch.distributed.all_to_all_single(target, source, recv_split, send_split, group=group)
     return target
 
 
@@ -142,10 +145,20 @@ class ShardedMuon(torch.optim.Muon):
     """torch's ``Muon`` over FSDP2's ``Shard(0)`` parameters: the elementwise parts
     on each rank's rows, the orthogonalisation of each whole matrix on its owner
     (:func:`orthogonalise`). Built by the plan in place of ``Muon`` when its
-    parameters are ``DTensor`` shards; state and checkpoints are ``Muon``'s."""
+    parameters are ``DTensor`` shards; state and checkpoints are ``Muon``'s.
+
+    :meth:`as_rank` makes one over plain tensors of a rank's local shapes step
+    as that rank would, without collectives: ``optcore memory`` counts its
+    buffers on the meta device that way."""
 
     sharding = "per_tensor"
     supports_groups = True
+    _as_rank: tuple[int, int, dict[int, tuple[int, ...]]] | None = None
+
+    def as_rank(self, rank: int, world: int, shapes: dict[int, tuple[int, ...]]) -> None:
+        """Step as rank ``rank`` of ``world`` with each parameter (by ``id``) the
+        local rows of a matrix of ``shapes[id(p)]``, sending and receiving nothing."""
+        self._as_rank = (rank, world, shapes)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -167,20 +180,23 @@ class ShardedMuon(torch.optim.Muon):
                 g, buf = _local(g), _local(buf)
                 buf.lerp_(g, 1 - momentum)
                 work.append((p, group, g.lerp(buf, momentum) if group["nesterov"] else buf))
-        sharded = [k for k, (p, _, _) in enumerate(work) if is_dtensor(p)]
-        done: dict[int, Tensor] = {k: _newton_schulz(u, grp) for k, (p, grp, u) in enumerate(work) if not is_dtensor(p)}
+        simulated = self._as_rank
+        shapes = [simulated[2][id(p)] if simulated else tuple(p.shape) for p, _, _ in work]
+        sharded = [k for k, (p, _, _) in enumerate(work) if simulated or is_dtensor(p)]
+        done: dict[int, Tensor] = {k: _newton_schulz(u, grp) for k, (p, grp, u) in enumerate(work) if k not in sharded}
         if sharded:
-            mesh = work[sharded[0]][0].device_mesh  # type: ignore[attr-defined]
+            group = None if simulated else work[sharded[0]][0].device_mesh.get_group()  # type: ignore[attr-defined]
             results = orthogonalise(
-                [work[k][2] for k in sharded], [tuple(work[k][0].shape) for k in sharded], mesh.get_group(),
+                [work[k][2] for k in sharded], [shapes[k] for k in sharded], group,
                 lambda i, matrix: _newton_schulz(matrix, work[sharded[i]][1]),
+                as_rank=simulated[:2] if simulated else None,
             )
             done.update(zip(sharded, results))
         for k, (p, group, _) in enumerate(work):
             lr = _to_scalar(group["lr"])
             local = _local(p)
             local.mul_(1 - lr * group["weight_decay"])
-            local.add_(done[k], alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+            local.add_(done[k], alpha=-_adjust_lr(lr, group["adjust_lr_fn"], shapes[k]))
         return loss
 
 
