@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.skipif(not hasattr(torch.opti
 WORLD = 2
 STEPS, SAVED = 4, 2
 MUON = {"type": "Muon", "lr": 0.02}
+GALORE = {"type": "GaLoreAdamW", "lr": 1e-3, "rank": 2, "fallback": {"type": "AdamW"}}
 
 
 def matrices() -> nn.Module:
@@ -179,6 +180,12 @@ def _worker(rank: int, world: int, root: str) -> dict[str, Any]:
         opt.step()
     out["same_grads"] = _full(model)
     out["memory"] = _memory(rank, world)
+    galore = tiny()
+    fully_shard(galore, mesh=mesh)
+    try:
+        optcore.build_optimizer(GALORE, galore)
+    except (optcore.ConfigError, ImportError) as exc:
+        out["galore"] = f"{type(exc).__name__}: {exc}"
     out["bf16"] = _trained(None, str(Path(root, "bf16")), rank, world)
     out["float32"] = _trained(float32_ns, str(Path(root, "float32")), rank, world)
     return out
@@ -243,6 +250,16 @@ def test_training_on_half_batches_equals_one_process_on_the_full_batch(ranks: An
         for step, (a, b) in enumerate(zip(got[ns]["trace"], want, strict=True)):
             assert _worst(a, b) <= tolerance, (ns, step, _worst(a, b))
     assert results[0][ns]["trace"][-1][1].equal(results[1][ns]["trace"][-1][1])  # every rank has the same matrices
+
+
+def test_galore_on_fsdp2_shards_is_refused_saying_why_and_what_works(ranks: Any) -> None:
+    results, _ = ranks
+    if results[0]["galore"].startswith("ImportError"):
+        pytest.skip("galore-torch is not installed")
+    for got in results:
+        text = got["galore"]
+        assert text.startswith("ConfigError") and "per-matrix projector" in text and "DTensor" in text
+        assert "DDP" in text and "{'type': 'Muon', 'fallback': {'type': 'AdamW'}}" in text
 
 
 def test_memory_prediction_is_what_rank_0_holds_and_allocates(ranks: Any) -> None:
