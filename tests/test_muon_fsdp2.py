@@ -156,7 +156,7 @@ def _memory(rank: int, world: int) -> dict[str, int]:
     seen: set[int] = set()
     return {"param_bytes": _count((p.to_local() for p in params), seen),
             "grad_bytes": _count((p.grad.to_local() for p in params), seen),
-            "state_bytes": _count((t.to_local() if hasattr(t, "to_local") else t for t in _tensors(dict(opt.state))), seen),
+            "state_bytes": _count(_tensors(dict(opt.state)), seen),
             "transient_bytes": watch.peak}  # fmt: skip
 
 
@@ -176,7 +176,8 @@ def _worker(rank: int, world: int, root: str) -> dict[str, Any]:
     for step in range(3):
         for p, g in zip(model.parameters(), full_grads(step, model)):
             size, start = Shard.local_shard_size_and_offset(g.shape[0], world, rank)
-            p.grad = DTensor.from_local(g[start:start + size].clone(), mesh, p.placements, shape=p.shape, stride=p.stride())
+            rows = g[start:start + size].clone()
+            p.grad = DTensor.from_local(rows, mesh, p.placements, shape=p.shape, stride=p.stride())
         opt.step()
     out["same_grads"] = _full(model)
     out["memory"] = _memory(rank, world)

@@ -439,8 +439,8 @@ def galore_config(args: Any, model: torch.nn.Module) -> dict[str, Any]:
             problems=[("optim_target_modules", "missing")],
         )
     all_linear = isinstance(targets, str) and targets.replace("_", "-") == "all-linear"
-    names = [f"{module_name}.weight" for module_name, module in model.named_modules()
-             if isinstance(module, torch.nn.Linear) and (all_linear or check_target_module_exists(targets, module_name))]
+    names = [f"{module_name}.weight" for module_name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+             and (all_linear or check_target_module_exists(targets, module_name))]  # fmt: skip
     in_model = {n for n, _ in model.named_parameters()}
     names = [n for n in names if n in in_model]  # a weight tied to another name is stepped under that one
     if not names:
@@ -462,7 +462,9 @@ def galore_config(args: Any, model: torch.nn.Module) -> dict[str, Any]:
     pattern = "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
     return {
         "type": plain, "lr": args.learning_rate, **fixed, "no_decay": False,
-        "param_groups": [{"params": pattern, "optimizer": {"type": galore, "lr": args.learning_rate, **fixed, **projection}}],
+        "param_groups": [
+            {"params": pattern, "optimizer": {"type": galore, "lr": args.learning_rate, **fixed, **projection}},
+        ],
     }
 
 
