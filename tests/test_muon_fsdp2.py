@@ -182,12 +182,17 @@ def _worker(rank: int, world: int, root: str) -> dict[str, Any]:
         fully_shard(layer, mesh=mesh)
     opt = optcore.build_optimizer(MUON, model)
     out["class"] = type(opt).__name__
+    calls = []
+    exchange = torch.distributed.all_to_all_single
+    torch.distributed.all_to_all_single = lambda *a, **k: calls.append(1) or exchange(*a, **k)
     for step in range(3):
         for p, g in zip(model.parameters(), full_grads(step, model)):
             size, start = Shard.local_shard_size_and_offset(g.shape[0], world, rank)
             rows = g[start:start + size].clone()
             p.grad = DTensor.from_local(rows, mesh, p.placements, shape=p.shape, stride=p.stride())
         opt.step()
+    torch.distributed.all_to_all_single = exchange
+    out["collectives_per_step"] = len(calls) / 3
     out["same_grads"] = _full(model)
     out["memory"] = _memory(rank, world)
     # GaLore as optcore sees it: optcore.lowrank's wrapper (what makes galore_torch's classes GaLore to the
@@ -254,6 +259,7 @@ def test_the_same_gradients_give_one_process_s_parameters_bitwise(ranks: Any) ->
     for got in results:
         for a, b in zip(got["same_grads"], model.parameters(), strict=True):
             assert torch.equal(a, b.detach())
+        assert got["collectives_per_step"] == 2  # four matrices: one all_to_all there, one back
 
 
 @pytest.mark.parametrize("ns,tolerance", [("float32", 1e-5), ("bf16", 1e-3)])
