@@ -195,6 +195,12 @@ def _worker(rank: int, world: int, root: str) -> dict[str, Any]:
     out["collectives_per_step"] = len(calls) / 3
     out["same_grads"] = _full(model)
     out["memory"] = _memory(rank, world)
+    hsdp = matrices()
+    fully_shard(hsdp, mesh=init_device_mesh("cpu", (1, world), mesh_dim_names=("replicate", "shard")))
+    try:
+        optcore.build_optimizer(MUON, hsdp)
+    except optcore.ConfigError as exc:
+        out["hsdp"] = str(exc)
     # GaLore as optcore sees it: optcore.lowrank's wrapper (what makes galore_torch's classes GaLore to the
     # plan) over torch's AdamW, since importing galore_torch costs each rank bitsandbytes' import (~8 s CPU)
     from optcore.lowrank import low_rank
@@ -279,6 +285,12 @@ def test_galore_on_fsdp2_shards_is_refused_saying_why_and_what_works(ranks: Any)
         text = got["galore"]
         assert text.startswith("ConfigError") and "per-matrix projector" in text and "DTensor" in text
         assert "DDP" in text and "{'type': 'Muon', 'fallback': {'type': 'AdamW'}}" in text
+
+
+def test_muon_on_an_hsdp_mesh_is_refused(ranks: Any) -> None:
+    results, _ = ranks
+    for got in results:
+        assert "not sharded as one mesh dimension, Shard(0)" in got["hsdp"] and "1-D mesh" in got["hsdp"]
 
 
 def test_memory_prediction_is_what_rank_0_holds_and_allocates(ranks: Any) -> None:
