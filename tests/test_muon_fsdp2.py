@@ -107,16 +107,21 @@ def _trained(ns: Any, root: str, rank: int, world: int) -> dict[str, Any]:
             trace.append(_full(model))
             if i + 1 == SAVED:
                 _dcp(model, opt, root, load=False)
-        parts = {label: type(part).__name__ for label, part in opt.parts.items()}
-        model = tiny(seed=7)  # resumed on the two ranks: DCP's initialisation step runs the collectives too
-        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
-        opt = optcore.build_optimizer(MUON_ADAMW, model)
-        _dcp(model, opt, root, load=True)
-        for i in range(SAVED, STEPS):
-            opt.zero_grad()
-            _loss(model, i, half).backward()
-            opt.step()
-        return {"trace": trace, "parts": parts, "resumed": _full(model)}
+        out = {"trace": trace, "parts": {label: type(part).__name__ for label, part in opt.parts.items()}}
+        # resumed on two fresh ranks (DCP's initialisation step runs the collectives too): this run's
+        # checkpoint, and with the float32 iteration one saved by one process
+        sources = {"resumed": root, **({"from_one": str(Path(root).parent / "one")} if ns else {})}
+        for key, path in sources.items():
+            model = tiny(seed=7)
+            fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+            opt = optcore.build_optimizer(MUON_ADAMW, model)
+            _dcp(model, opt, path, load=True)
+            for i in range(SAVED, STEPS):
+                opt.zero_grad()
+                _loss(model, i, half).backward()
+                opt.step()
+            out[key] = _full(model)
+        return out
     finally:
         _muon._zeropower_via_newtonschulz = original
 
@@ -220,6 +225,8 @@ def _worker(rank: int, world: int, root: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
     root = tmp_path_factory.mktemp("muon-fsdp2")
+    model, opt, _ = _one_process(float32_ns, range(SAVED))
+    _dcp(model, opt, str(root / "one"), load=False)  # for the ranks to resume
     return run_ranks(_worker, WORLD, str(root), timeout=180), root
 
 
@@ -311,6 +318,14 @@ def test_a_two_rank_dcp_checkpoint_resumes_on_two_ranks(ranks: Any) -> None:
     _, _, want = _one_process(float32_ns, range(STEPS))
     for got in results:
         assert _worst(got["float32"]["resumed"], want[-1]) <= 1e-5
+
+
+def test_a_one_process_dcp_checkpoint_resumes_on_two_fsdp2_ranks(ranks: Any) -> None:
+    """Saved by one process after step 2, loaded into ShardedMuon's DTensor momentum on two ranks."""
+    results, _ = ranks
+    _, _, want = _one_process(float32_ns, range(STEPS))
+    for got in results:
+        assert _worst(got["float32"]["from_one"], want[-1]) <= 1e-5
 
 
 def test_a_two_rank_dcp_checkpoint_resumes_in_one_process(ranks: Any) -> None:
