@@ -209,7 +209,7 @@ def with_groups(plan_: BuildPlan, groups: list[dict[str, Any]]) -> BuildPlan:
     applied, the implementation chosen (``optcore check`` passes stand-in groups)."""
     spec, hparams = plan_.spec, dict(plan_.hparams)
     if any(hasattr(p, "device_mesh") for g in groups for p in g["params"]):  # FSDP2's DTensor shards
-        composite.refuse_sharded_matrices(spec, groups)
+        spec = composite.place_sharded_matrices(spec, groups)
         refuse_kernels_on_shards(spec.name, hparams, groups)
     _check_overrides(plan_, groups)
     for group in groups:
@@ -225,7 +225,7 @@ def with_groups(plan_: BuildPlan, groups: list[dict[str, Any]]) -> BuildPlan:
         if not (plan_.explicit & {"fused", "foreach"} or hparams.get("differentiable") or hparams.get("capturable")):
             hparams["fused"] = fused_supported([p for g in groups for p in g["params"]])
         implementation = "fused" if hparams.get("fused") else ("foreach" if hparams.get("foreach") else None)
-    return replace(plan_, hparams=MappingProxyType(hparams), groups=tuple(groups), implementation=implementation)
+    return replace(plan_, spec=spec, hparams=MappingProxyType(hparams), groups=tuple(groups), implementation=implementation)
 
 
 def fused_supported(params: list[torch.Tensor]) -> bool:

@@ -7,7 +7,12 @@ one rank holds, from the tensors that rank's optimizer actually sees.
   writes into one flat buffer), and the optimizer sees the unpadded local shard,
   so its state has the local shape; rank 0's chunk is the largest, and is the
   one shown. Only an optimizer whose update is elementwise steps a shard as it
-  would step the whole (the ``sharding`` capability); others are named, not guessed.
+  would step the whole (the ``sharding`` capability); others are named, not guessed,
+  except torch's ``Muon``, which the plan builds as
+  :class:`~optcore.placement.ShardedMuon` (each whole matrix orthogonalised on
+  an owner rank): its momentum has the local shape, and the step's transient
+  peak counts the rows it sends, the whole matrices rank 0 owns and their
+  Newton–Schulz workspace, as rank 0 allocates them.
 - ``zero1|2|3`` (DeepSpeed's ZeRO): each param group is flattened, and each
   rank's optimizer steps one flat 1-D slice of it: ``ceil(n / 2N) * 2``
   elements at stages 1 and 2 (the flat group padded to DeepSpeed's alignment of
@@ -33,7 +38,9 @@ from torch import nn
 
 import optcore
 
+from .._adapt import adapt
 from ..composite import StepInBackward
+from ..placement import ShardedMuon
 from ..integrations.deepspeed import _WHY, _sharding
 from .metascalars import ItemsInKernels, MetaScalars
 from .probes import optimizer_state_bytes
@@ -68,6 +75,7 @@ def per_rank(row: dict[str, Any], cfg: Any, model: nn.Module, sharding: str, wor
     all_params = list(model.parameters())
     trained = [p for p in all_params if p.requires_grad]
     nbytes = lambda numel, p: numel * p.element_size()  # noqa: E731
+    full: dict[str, tuple[int, ...]] = {name: tuple(p.shape) for name, p in model.named_parameters()}
     if sharding == "fsdp2":
         chunks = {id(p): fsdp2_chunk(p.shape, world_size) for p in all_params}
         param_bytes = sum(nbytes(chunks[id(p)][1], p) for p in all_params)
@@ -91,6 +99,12 @@ def per_rank(row: dict[str, Any], cfg: Any, model: nn.Module, sharding: str, wor
                                 "the hook has stepped with the local one)")  # fmt: skip
         return
     kind = _sharding(optimizer)
+    if kind == "per_tensor" and sharding == "fsdp2":
+        why = _owned_matrices(optimizer, {id(p): full[n] for n, p in model.named_parameters()}, world_size)
+        if why is not None:
+            row["per_rank_note"] = f"not predicted under fsdp2: {why}"
+            return
+        kind = "elementwise"  # every whole-tensor update runs on its owner, the rest on local rows
     if kind != "elementwise":
         what = "FSDP2 hands it DTensor shards of each parameter" if sharding == "fsdp2" else (
             "ZeRO hands it one flat slice of each param group")  # fmt: skip
@@ -113,6 +127,24 @@ def per_rank(row: dict[str, Any], cfg: Any, model: nn.Module, sharding: str, wor
     row["per_rank"] = {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "state_bytes": state,
                        "transient_bytes": transient, "total_bytes": total}  # fmt: skip
     row["per_rank_bytes"] = total
+
+
+def _owned_matrices(optimizer: Any, full: dict[int, tuple[int, ...]], world_size: int) -> str | None:
+    """Each part that the plan builds as ``ShardedMuon`` over FSDP2's shards made to
+    step as rank 0 does (its buffers, no collective); why not, when another part's
+    whole-tensor update is refused over shards."""
+    parts = list(getattr(optimizer, "parts", {}).values()) or [optimizer]
+    for part in parts:
+        kind = _sharding(part)
+        if kind == "elementwise":
+            continue
+        if kind == "per_tensor" and getattr(type(part), "adapted_from", None) is getattr(torch.optim, "Muon", None):
+            part.__class__ = adapt(ShardedMuon)  # the same layout: a subclass adding no slots
+            part.as_rank(0, world_size, {id(p): full[id(p)] for g in part.param_groups for p in g["params"]})
+            continue
+        return (f"{type(part).__name__} is refused over FSDP2's shards (its update is {_WHY.get(kind, kind)}; "
+                "only torch's Muon is gathered to an owner rank); see docs/distributed.md")
+    return None
 
 
 def _to_local_shards(model: nn.Module, shapes: dict[int, torch.Size]) -> None:

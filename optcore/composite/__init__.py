@@ -14,12 +14,12 @@ from ._routing import (
     matrix_only,
     part_links,
     plan_composite,
-    refuse_sharded_matrices,
+    place_sharded_matrices,
     refuse_wrapped_step_in_backward,
     routed_groups,
 )
 
 __all__ = [
     "COMPOSITE_SPEC", "CompositeOptimizer", "StepInBackward", "backward_flag", "matrix_only", "part_links",
-    "plan_composite", "refuse_sharded_matrices", "refuse_wrapped_step_in_backward", "routed_groups",
+    "plan_composite", "place_sharded_matrices", "refuse_wrapped_step_in_backward", "routed_groups",
 ]

@@ -25,6 +25,7 @@ from .._errors import ConfigError
 from .._group_rules import check_config
 from .._params import build_param_groups
 from .._values import as_flag, short_repr
+from ..placement import ShardedMuon, is_dtensor, layout_problem
 
 #: Top-level module names that are a model's output head (HF ``lm_head``, timm ``head``/``classifier``).
 HEAD_NAMES = frozenset({"lm_head", "head", "classifier", "fc_out", "output_layer", "output_projection", "logits", "score"})
@@ -262,22 +263,45 @@ def _avoid(model: nn.Module | None, names: dict[int, str]) -> dict[int, str]:
     return out
 
 
-def refuse_sharded_matrices(spec: Any, groups: list[dict[str, Any]]) -> None:
-    """An update of the whole tensor (the ``per_tensor`` sharding capability: Muon's
-    orthogonalisation) is refused over FSDP2's DTensor shards: it must be computed on
-    the whole matrix, and optcore neither gathers it nor vouches that the optimizer's
-    code does (one ``to_local`` or foreach op and each rank's rows are orthogonalised alone)."""
+def place_sharded_matrices(spec: Any, groups: list[dict[str, Any]]) -> Any:
+    """The spec to build over FSDP2's DTensor shards. An update of the whole tensor
+    (the ``per_tensor`` sharding capability) must never be computed per shard:
+    torch's ``Muon`` is built as :class:`~optcore.placement.ShardedMuon` (each
+    matrix orthogonalised whole on an owner rank, the rest on the local rows);
+    any other whole-tensor update (GaLore's projection, a trust ratio, a
+    subclass of ``Muon`` with its own step) is refused, since optcore cannot
+    vouch that its code sees whole tensors."""
     if not (matrix_only(spec.target) or getattr(spec.capabilities, "sharding", None) == "per_tensor"):
-        return
-    sharded = [tuple(p.shape) for g in groups for p in g["params"] if hasattr(p, "placements") and hasattr(p, "device_mesh")]
-    if sharded:
+        return spec
+    params = [p for g in groups for p in g["params"]]
+    sharded = [tuple(p.shape) for p in params if is_dtensor(p)]
+    if not sharded:
+        return spec
+    muon = getattr(torch.optim, "Muon", None)
+    if muon is not None and getattr(spec.target, "adapted_from", spec.target) is muon:
+        problem = layout_problem(params)
+        if problem is None:
+            return replace(spec, loader=lambda: ShardedMuon)
         raise ConfigError(
-            f"{spec.name} orthogonalises each whole matrix, and {len(sharded)} of its parameters are DTensor shards "
-            f"(FSDP2; shapes {sharded[:4]}); its sharding capability is per_tensor, so the update needs the whole "
-            "tensor, and a per-shard one would differ from it. Build it over unsharded parameters (DDP), or route the "
-            "sharded parameters to an elementwise optimizer (AdamW).",
-            problems=[("type", f"{spec.name} over DTensor parameters")],
+            f"{spec.name} over DTensor parameters is built to orthogonalise each whole matrix on one owner rank, "
+            f"which needs FSDP2's layout (fully_shard over a 1-D mesh: every parameter Shard(0)), and {problem}. "
+            "Shard with fully_shard on a 1-D mesh, or train Muon under DDP.",
+            problems=[("type", f"{spec.name} over an unsupported DTensor layout")],
         )
+    if getattr(spec.target, "optcore_matrix_only", False):  # GaLore
+        why = ("projects each gradient with a per-matrix projector (an SVD of the whole gradient) and keeps its "
+               "moments in the projected shape (rank x columns), which are no shards of the parameter: neither "
+               "the projection nor its state can be split by FSDP2's rows, and DCP could not reshard them")
+    else:
+        why = "computes its update over each whole tensor, and optcore cannot see that its code gathers it"
+    raise ConfigError(
+        f"{spec.name} {why}; {len(sharded)} of its parameters are DTensor shards (FSDP2; shapes {sharded[:4]}), and "
+        "a per-shard update would silently differ from one process. What works: train it unsharded under DDP "
+        "(one optimizer per rank over whole parameters), or under FSDP2 use Muon for the matrices "
+        "({'type': 'Muon', 'fallback': {'type': 'AdamW'}}: each matrix is orthogonalised whole on an owner rank) "
+        "or an elementwise optimizer (AdamW).",
+        problems=[("type", f"{spec.name} over DTensor parameters")],
+    )
 
 
 def backward_flag(value: Any) -> bool:

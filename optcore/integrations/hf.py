@@ -38,6 +38,7 @@ applied.
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ __all__ = [
     "HFOptim",
     "OptcoreFactory",
     "config_from_training_args",
+    "galore_config",
     "optimizer_cls_and_kwargs",
     "optimizers",
 ]
@@ -243,6 +245,22 @@ _NOT_BY_CONFIG = (
     "which an optcore config does not express: keep TrainingArguments.optim for it"
 )
 
+#: ``optim`` -> (GaLore's class, galore_torch's class for the other parameters, what the Trainer fixes)
+_GALORE: Mapping[str, tuple[str, str, Mapping[str, Any]]] = {
+    "galore_adamw": ("GaLoreAdamW", "galore_torch.adamw:AdamW", {}),
+    "galore_adamw_8bit": ("GaLoreAdamW8bit", "galore_torch.adamw8bit:AdamW8bit", {}),
+    "galore_adafactor": ("GaLoreAdafactor", "galore_torch.adafactor:Adafactor",
+                         {"scale_parameter": False, "relative_step": False}),
+}
+_GALORE_NOTE = "needs the model (optim_target_modules names its modules): galore_config(args, model)"
+_LAYERWISE = (
+    "steps each parameter with its own optimizer from a gradient hook inside backward (the Trainer's "
+    "LayerWiseDummyOptimizer), which no optcore config builds: that optimizer has no param groups or state to "
+    "save, schedule or clip. Use the optim name without _layerwise (hf.galore_config(args, model)) and add "
+    "\"step_in_backward\": true to the config: optcore then steps each parameter as its gradient is ready, "
+    "with one state_dict and a scheduler that works"
+)
+
 #: Every ``transformers.training_args.OptimizerNames`` value (transformers 5.x)
 #: and the optcore optimizer config that builds the same optimizer.
 OPTIM_TABLE: Mapping[str, HFOptim] = {
@@ -311,21 +329,10 @@ OPTIM_TABLE: Mapping[str, HFOptim] = {
     "rmsprop_bnb_32bit": HFOptim(
         "bitsandbytes.optim:RMSprop", {"optim_bits": 32}, optim_args={"alpha": float, "eps": float, "momentum": float}
     ),
-    **{
-        name: HFOptim(None, note=_NOT_BY_CONFIG)
-        for name in (
-            "galore_adamw",
-            "galore_adamw_8bit",
-            "galore_adafactor",
-            "galore_adamw_layerwise",
-            "galore_adamw_8bit_layerwise",
-            "galore_adafactor_layerwise",
-            "apollo_adamw",
-            "apollo_adamw_layerwise",
-            "lomo",
-            "adalomo",
-        )
-    },
+    **{name: HFOptim(f"galore_torch:{cls}", note=_GALORE_NOTE) for name, (cls, _, _) in _GALORE.items()},
+    **dict.fromkeys(("galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise"),
+                    HFOptim(None, note=_LAYERWISE)),
+    **{name: HFOptim(None, note=_NOT_BY_CONFIG) for name in ("apollo_adamw", "apollo_adamw_layerwise", "lomo", "adalomo")},
     "grokadamw": HFOptim(
         "grokadamw:GrokAdamW",
         optim_args={
@@ -370,16 +377,21 @@ OPTIM_TABLE: Mapping[str, HFOptim] = {
 }
 
 
-def config_from_training_args(args: Any) -> dict[str, Any]:
+def config_from_training_args(args: Any, model: torch.nn.Module | None = None) -> dict[str, Any]:
     """The optcore optimizer config that builds what the Trainer would build
     from ``args`` (``optim``, ``optim_args``, ``learning_rate``,
     ``weight_decay``, ``adam_*``), with the Trainer's param groups (optcore's
-    no-decay group). Raises :class:`~optcore.ConfigError` for the few
-    ``optim`` values that a config cannot express (GaLore, APOLLO, LOMO)."""
+    no-decay group); GaLore's names need ``model`` (:func:`galore_config`).
+    Raises :class:`~optcore.ConfigError` for the few ``optim`` values that a
+    config cannot express (layer-wise GaLore, APOLLO, LOMO)."""
     name = str(getattr(args.optim, "value", args.optim))
     row = OPTIM_TABLE.get(name)
     if row is None:
         raise ConfigError(f"unknown TrainingArguments.optim {name!r}; known: {', '.join(sorted(OPTIM_TABLE))}")
+    if name in _GALORE:
+        if model is None:
+            raise ConfigError(f"TrainingArguments.optim={name!r} {row.note}; pass model=.", problems=[("optim", name)])
+        return galore_config(args, model)
     if row.type is None:
         raise ConfigError(f"TrainingArguments.optim={name!r} {row.note}", problems=[("optim", name)])
     config: dict[str, Any] = {"type": row.type, "lr": args.learning_rate, **row.fixed}
@@ -400,6 +412,60 @@ def config_from_training_args(args: Any) -> dict[str, Any]:
     if args.weight_decay or row.weight_decay_kwarg:  # the decay group's value; optcore zeroes the no-decay group
         config["weight_decay"] = args.weight_decay
     return config
+
+
+def galore_config(args: Any, model: torch.nn.Module) -> dict[str, Any]:
+    """The optcore config that builds what the Trainer builds for
+    ``optim="galore_adamw" | "galore_adamw_8bit" | "galore_adafactor"``: the
+    ``nn.Linear`` weights ``optim_target_modules`` names (a list of names or
+    substrings, a regex, or ``"all-linear"``, matched as the Trainer matches
+    them) go to GaLore with ``optim_args``' ``rank``, ``update_proj_gap``,
+    ``scale`` and ``proj_type``; every other parameter to galore_torch's own
+    class without a projection, as the Trainer's second param group is. Only
+    ``learning_rate`` applies (the Trainer passes no betas, eps or weight decay
+    to GaLore), so the numbers are the Trainer's, bit for bit. The ``_layerwise``
+    names are refused: add ``"step_in_backward": true`` to this config instead."""
+    name = str(getattr(args.optim, "value", args.optim))
+    if name not in _GALORE:
+        note = _LAYERWISE if name.endswith("_layerwise") and name.startswith("galore") else "is not a GaLore optim"
+        raise ConfigError(f"TrainingArguments.optim={name!r} {note}.", problems=[("optim", name)])
+    from transformers.trainer_utils import check_target_module_exists
+
+    targets = args.optim_target_modules
+    if not isinstance(targets, (list, str)) or not targets:
+        raise ConfigError(
+            f"optim={name!r} needs optim_target_modules: the modules whose nn.Linear weights GaLore projects (a list "
+            "of names, a regex, or 'all-linear').",
+            problems=[("optim_target_modules", "missing")],
+        )
+    all_linear = isinstance(targets, str) and targets.replace("_", "-") == "all-linear"
+    names = [f"{module_name}.weight" for module_name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+             and (all_linear or check_target_module_exists(targets, module_name))]  # fmt: skip
+    in_model = {n for n, _ in model.named_parameters()}
+    names = [n for n in names if n in in_model]  # a weight tied to another name is stepped under that one
+    if not names:
+        raise ConfigError(
+            f"optim_target_modules={targets!r} names no nn.Linear of the model (GaLore projects only their weights).",
+            problems=[("optim_target_modules", "matches no nn.Linear")],
+        )
+    given = _parse_optim_args(getattr(args, "optim_args", None))
+    unknown = sorted(set(given) - {"rank", "update_proj_gap", "scale", "proj_type"})
+    if unknown:
+        raise ConfigError(
+            f"optim_args {unknown} are not GaLore's settings (rank, update_proj_gap, scale, proj_type); the Trainer "
+            "would ignore them. Drop them.",
+            problems=[(k, "not a GaLore setting") for k in unknown],
+        )
+    projection = {"rank": int(given.get("rank", 128)), "update_proj_gap": int(given.get("update_proj_gap", 200)),
+                  "scale": float(given.get("scale", 0.25)), "proj_type": given.get("proj_type", "std")}  # fmt: skip
+    galore, plain, fixed = _GALORE[name]
+    pattern = "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+    return {
+        "type": plain, "lr": args.learning_rate, **fixed, "no_decay": False,
+        "param_groups": [
+            {"params": pattern, "optimizer": {"type": galore, "lr": args.learning_rate, **fixed, **projection}},
+        ],
+    }
 
 
 def _ademamix(args: Any) -> dict[str, Any]:

@@ -28,7 +28,9 @@ things, and after it nothing but one dictionary look-up:
 
 The checks of a checkpoint's layout under DCP (:func:`check_dcp_layout`) and
 of fused kernels over FSDP2's shards (:func:`refuse_kernels_on_shards`) live
-here too: they are about where parameters and state live.
+here too: they are about where parameters and state live, and so does
+:class:`ShardedMuon` (:mod:`._owned`), the plan's Muon over FSDP2's shards:
+each whole matrix orthogonalised on an owner rank, the rest on local rows.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError
+from ._owned import ShardedMuon, is_dtensor, layout_problem
 
 #: instance attributes (in ``__dict__``) the checks keep
 STEPPED = "_optcore_stepped"
@@ -322,3 +325,4 @@ def refuse_kernels_on_shards(name: str, hparams: Any, groups: list[dict[str, Any
             problems=[("fused", "fused kernel over DTensor parameters")],
             target=name,
         )
+
