@@ -1,4 +1,4 @@
-"""Composite optimizers on real gloo ranks: DDP equals one process (FSDP2: tests/test_muon_fsdp2.py)."""
+"""Composite optimizers on real gloo ranks: DDP equals one process (FSDP2: tests/distributed/test_muon_fsdp2.py)."""
 
 from __future__ import annotations
 

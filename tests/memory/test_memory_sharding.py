@@ -74,7 +74,7 @@ def test_coupled_updates_are_named_not_guessed_under_sharding() -> None:
     assert rows[0]["per_rank"] is None and "per_tensor" not in rows[0]["per_rank_note"]
     assert "whole tensor" in rows[0]["per_rank_note"] and "zero1" in rows[0]["per_rank_note"]
     assert rows[1]["per_rank"] is None and "several ranks" in rows[1]["per_rank_note"]
-    # under FSDP2 torch's Muon is gathered to owner ranks (tests/test_muon_fsdp2.py checks a real run)
+    # under FSDP2 torch's Muon is gathered to owner ranks (tests/distributed/test_muon_fsdp2.py checks a real run)
     (muon,) = predict_all([{"name": "muon", "optimizer": {"type": "torch:Muon"}}], _matrices, world_size=2,
                           sharding="fsdp2")  # fmt: skip
     assert muon["per_rank"]["state_bytes"] == 4 * (4 * 12 + 15 * 7)  # rank 0's rows of each momentum
@@ -155,7 +155,7 @@ def test_check_under_precision_wrappers(config: dict) -> None:
 
 
 def test_check_cli_prints_measured_and_fails_on_a_difference(capsys, monkeypatch) -> None:
-    args = ["memory", "--model", "tests.test_memory_sharding:Uneven", "--optimizers", "torch:AdamW,torch:SGD",
+    args = ["memory", "--model", "tests.memory.test_memory_sharding:Uneven", "--optimizers", "torch:AdamW,torch:SGD",
             "--sharding", "zero2", "--world-size", "3", "--check", "--json"]  # fmt: skip
     assert main(args) == 0
     doc = json.loads(capsys.readouterr().out)

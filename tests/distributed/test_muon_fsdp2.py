@@ -15,6 +15,7 @@ there is 1e-3, an ulp times the learning rate with room.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ from torch import nn
 
 import optcore
 from _dist_util import run_ranks
-from test_composite import MUON_ADAMW, batch, tiny
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "composite"))  # the composite tests' models
+from test_composite import MUON_ADAMW, batch, tiny  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch has no Muon")]
 WORLD = 2

@@ -4,6 +4,9 @@ builds steps the Trainer's own GaLore optimizer's numbers, bit for bit."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -17,6 +20,8 @@ pytest.importorskip("accelerate", reason="the Trainer needs accelerate (optcore[
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from optcore.integrations import hf  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "composite"))  # the composite tests' models
 from test_composite import loss_of, tiny  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
