@@ -53,10 +53,16 @@ from ._checks import (
     check_step_with_scale,
 )
 from ._inputs import DTYPES, ConformanceInputs, inputs_for, with_config
+from ._placements import PLACEMENTS, PlacementCase, PlacementReport, PlacementResult, check_placements
 from ._runner import ConformanceSkip, conformance_cases, run_check, run_conformance
 
 __all__ = [
     "CHECKS",
+    "PLACEMENTS",
+    "PlacementCase",
+    "PlacementReport",
+    "PlacementResult",
+    "check_placements",
     "DTYPES",
     "ConformanceInputs",
     "ConformanceSkip",

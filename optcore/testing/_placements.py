@@ -233,9 +233,13 @@ def _describe(exc: BaseException) -> str:
 
 
 def _failure(exc: BaseException) -> tuple[str, str]:
+    """A :class:`~optcore.ConfigError` is a refusal, unless it only wraps an
+    error the optimizer's constructor hit by accident (a ``RuntimeError`` from
+    an operator that has no ``DTensor`` rule is a crash, not a reason)."""
     from .._errors import ConfigError
 
-    if isinstance(exc, ConfigError):
+    cause = exc.__cause__
+    if isinstance(exc, ConfigError) and (cause is None or isinstance(cause, (ConfigError, ValueError, TypeError))):
         return ("refused", str(exc))
     return ("crashed", _describe(exc) + "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:]))
 
