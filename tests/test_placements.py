@@ -1,58 +1,136 @@
 """Every shipped optimizer, and torch's, under every placement of the kit
-(optcore.testing.check_placements): DDP, FSDP2, torch ZeRO, DeepSpeed ZeRO-1/2
+(``optcore.testing.check_placements``): DDP, FSDP2, torch ZeRO, DeepSpeed ZeRO-1/2
 and DCP resume across world sizes, each against one process on the full batch.
 
-One 2-rank gloo group runs the whole table once per session. A cell may be
-``equal`` or ``refused`` (a ConfigError naming why); ``differs`` and ``crashed``
-are bugs, allowed only where :data:`KNOWN` names them with the reason and the
-work that removes them: that list only shrinks.
+One 2-rank gloo group runs the whole table once per session (the rows of
+``benchmarks/placements.py``, which also writes docs/distributed.md's table).
+A cell may be ``equal`` or ``refused`` (a ConfigError naming why); ``differs``
+and ``crashed`` are bugs, allowed only where :data:`KNOWN` names them with the
+reason and the work that removes them. KNOWN is strict: a cell in it that no
+longer fails fails this test until its entry is deleted, so it only shrinks.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import sys
 
 import pytest
 import torch
 
 import optcore
-from optcore.testing import PlacementCase, check_placements
+from optcore.testing import PlacementCase, PlacementReport, check_placements
+
+from bench_helpers import ROOT
 
 pytestmark = pytest.mark.distributed
 
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the spawned ranks inherit it and find placements.UserSGD
+import placements  # noqa: E402
 
-class UserSGD(torch.optim.SGD):
-    """A user's class optcore knows nothing about (sharding 'unknown')."""
+FSDP2_CELLS = ("fsdp2", "dcp-2to1", "dcp-1to2")  # the DCP resumes run FSDP2 on the ranks
 
-
-FP16_INNER = {"type": "torch:AdamW", "lr": 1e-2}
-SCALER = {"init_scale": 2.0**10, "scale_window": 1000}
-
-#: row name -> what the kit runs; plugins' rows need the plugin installed
-CASES: dict[str, Any] = {
-    "AdamW": {"type": "AdamW", "lr": 1e-2, "weight_decay": 0.1},
-    "Adam": {"type": "Adam", "lr": 1e-2},
-    "SGD": {"type": "SGD", "lr": 0.1, "momentum": 0.9},
-    "RMSprop": {"type": "RMSprop", "lr": 1e-2},
-    "Adagrad": {"type": "Adagrad", "lr": 0.1},
-    "torch:Adafactor": {"type": "torch:Adafactor", "lr": 1e-2},
-    "Muon+AdamW": {"type": "torch:Muon", "lr": 0.02, "fallback": {"type": "AdamW", "lr": 1e-2}},
-    "UserSGD": {"type": UserSGD, "lr": 0.1, "momentum": 0.9},
-    "Lion": {"type": "optcore-lion:Lion", "lr": 1e-3, "weight_decay": 0.1},
-    "Adafactor": {"type": "optcore-adafactor:Adafactor", "weight_decay": 0.01},
-    "AdaScaleSGD": PlacementCase(
-        {"type": "optcore-adascale:AdaScaleSGD", "lr": 0.1, "momentum": 0.9},
-        reference_config={"type": "optcore-adascale:AdaScaleSGD", "lr": 0.1, "momentum": 0.9,
-                          "num_gradients_to_accumulate": 2},
-        micro_batches=2,  # one process: the two ranks' halves as two accumulated backward passes
-    ),
-    "FP16Optimizer": PlacementCase(
-        {"type": "optcore-fp16:FP16Optimizer", "optimizer": FP16_INNER, "loss_scaler": SCALER},
-        dtype="float16", atol=2e-3,
-    ),
-    "MemoryEfficientFP16Optimizer": PlacementCase(
-        {"type": "optcore-fp16:MemoryEfficientFP16Optimizer", "optimizer": {"type": "optcore-lion:Lion", "lr": 1e-3},
-         "loss_scaler": SCALER},
-        dtype="float16", atol=2e-3,
-    ),
+#: (row, placement) -> why it fails today; delete the entry when the named work lands
+KNOWN: dict[tuple[str, str], str] = {
+    **{
+        ("torch:Adafactor", p): "torch's Adafactor squares a _NormPartial DTensor in place (aten.pow_.Scalar); "
+        "issue 27 item 2 (branch i27f): make it work through optcore or refuse it with a ConfigError"
+        for p in FSDP2_CELLS
+    },
+    **{
+        ("Adafactor (optcore-adafactor)", p): "its factored statistics mix Tensor and DTensor over FSDP2 shards; "
+        "issue 27 item 2 (branch i27f): reduce row/column statistics across the mesh"
+        for p in FSDP2_CELLS
+    },
 }
+
+
+class NormalisedSGD(torch.optim.Optimizer):
+    """p -= lr * g / ||g||: a per-tensor update that declares itself elementwise
+    (wrongly). The kit must find it different from one process under FSDP2."""
+
+    sharding = "elementwise"
+
+    def __init__(self, params, lr: float = 0.05) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] * p.grad / p.grad.norm().clamp_min(1e-12))
+
+
+LIAR = "NormalisedSGD (declared elementwise)"
+
+
+@pytest.fixture(scope="session")
+def report() -> PlacementReport:
+    return check_placements({**placements.CASES, LIAR: {"type": NormalisedSGD, "lr": 0.05}})
+
+
+def _row(report: PlacementReport, name: str) -> dict[str, str]:
+    return {p: report[name, p].outcome for p in report.placements}
+
+
+def test_no_cell_differs_from_one_process_or_crashes_except_the_known_ones(report):
+    problems = {(r.optimizer, r.placement): r for r in report.problems() if r.optimizer != LIAR}
+    unexpected = [f"{key}: {r.outcome} {r.max_diff}: {r.message[:400]}" for key, r in problems.items() if key not in KNOWN]
+    assert not unexpected, "\n".join(unexpected) + "\n\n" + report.table()
+    fixed = [f"{key}: now {report[key].outcome} ({why})" for key, why in KNOWN.items() if key not in problems]
+    assert not fixed, "these KNOWN cells no longer fail; delete their entries:\n" + "\n".join(fixed)
+
+
+def test_elementwise_optimizers_equal_one_process_everywhere(report):
+    for name in ("AdamW", "Adam", "SGD (momentum)", "RMSprop", "Adagrad", "Lion (optcore-lion)"):
+        assert set(_row(report, name).values()) == {"equal"}, (name, _row(report, name))
+        assert all(report[name, p].max_diff <= report.atol for p in report.placements)
+
+
+def test_refusals_say_why_and_what_works_instead(report):
+    refused = [r for r in report.results if r.outcome == "refused"]
+    assert refused
+    for r in refused:
+        assert any(word in r.message for word in ("DDP", "stage 0", "elementwise", "use ", "Use ")), r
+
+
+def test_a_users_class_is_refused_where_its_sharding_is_unknown_and_runs_where_it_is_whole(report):
+    row = _row(report, "a user's SGD subclass")
+    assert row["ddp"] == row["fsdp2"] == "equal"
+    assert row["zero1"] == row["deepspeed-zero1"] == row["deepspeed-zero2"] == "refused"
+    assert "sharding='unknown'" in report["a user's SGD subclass", "zero1"].message
+
+
+def test_the_kit_finds_an_update_that_is_not_what_it_declares(report):
+    """Under DDP the liar sees whole gradients (equal); under FSDP2 each rank
+    normalises its own shard: the kit reports it as different, with the size."""
+    assert report[LIAR, "ddp"].outcome == "equal"
+    for p in ("fsdp2", "dcp-1to2"):
+        cell = report[LIAR, p]
+        assert cell.outcome == "differs" and cell.max_diff > 1e-3, cell
+    assert "**differs" in report.table()
+
+
+def test_the_committed_support_table_has_todays_outcomes(report):
+    """docs/results/placements.json (rendered into docs/distributed.md) has the
+    outcomes this run found: rerun benchmarks/placements.py when one changes."""
+    committed = PlacementReport.from_dict(json.loads((ROOT / "docs" / "results" / "placements.json").read_text()))
+    assert committed.optimizers == tuple(placements.CASES) and committed.placements == report.placements
+    stale = [
+        f"{name} / {p}: committed {committed[name, p].outcome}, now {report[name, p].outcome}"
+        for name in committed.optimizers for p in committed.placements
+        if committed[name, p].outcome != report[name, p].outcome
+    ]
+    assert not stale, "run `python benchmarks/placements.py --json docs/results/placements.json` and " \
+        "`python docs/figures.py`:\n" + "\n".join(stale)
+
+
+def test_the_report_round_trips_and_renders(report):
+    again = PlacementReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again == report
+    table = report.table().splitlines()
+    assert table[0].startswith("| optimizer | ddp | fsdp2 |") and len(table) == 2 + len(report.optimizers)
+    with pytest.raises(ValueError, match="unknown placements"):
+        check_placements({"SGD": "SGD"}, ["fsdp3"])
+    assert isinstance(optcore.testing.PlacementCase("SGD"), PlacementCase)

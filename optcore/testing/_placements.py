@@ -29,6 +29,7 @@ CPU accelerator through :mod:`optcore.integrations.deepspeed`, no clipping);
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import os
 import tempfile
@@ -196,7 +197,11 @@ def check_placements(
                     except Exception as exc:  # noqa: BLE001
                         got = [_failure(exc)]
                 results[name, p] = _judge(name, p, got, references[name], tol)
-    environment = {"torch": torch.__version__, "world_size": str(WORLD_SIZE)}
+    environment = {"torch": torch.__version__, "world_size": str(WORLD_SIZE), "backend": "gloo"}
+    try:
+        environment["deepspeed"] = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        pass
     return PlacementReport(
         tuple(cases), placements, tuple(results[n, p] for n in cases for p in placements), steps, atol, environment
     )
