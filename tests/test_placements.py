@@ -134,3 +134,11 @@ def test_the_report_round_trips_and_renders(report):
     with pytest.raises(ValueError, match="unknown placements"):
         check_placements({"SGD": "SGD"}, ["fsdp3"])
     assert isinstance(optcore.testing.PlacementCase("SGD"), PlacementCase)
+
+
+def test_the_precision_wrappers_refuse_fsdp2_and_name_fsdp2s_own_mixed_precision(report):
+    for name in ("FP16Optimizer(AdamW) (optcore-fp16)", "MemoryEfficientFP16Optimizer(Lion) (optcore-fp16)"):
+        assert report[name, "ddp"].outcome == "equal"
+        for p in FSDP2_CELLS:
+            cell = report[name, p]
+            assert cell.outcome == "refused" and "MixedPrecisionPolicy" in cell.message and "DDP" in cell.message, cell

@@ -77,6 +77,29 @@ class ParamGroupView(MutableMapping[str, Any]):
         return f"ParamGroupView({ {k: v for k, v in self.items() if k != 'params'} }, {len(self._params)} params)"
 
 
+def refuse_sharded(name: str, optimizer: torch.optim.Optimizer) -> None:
+    """A :class:`~optcore.ConfigError` for ``DTensor`` parameters (FSDP2's
+    ``fully_shard``). The wrappers' unscale, overflow check and master copies
+    are whole-tensor ``_foreach`` ops that have no ``DTensor`` rule; stepping
+    each rank's local shard instead would need an overflow vote and gradient
+    norm over all ranks, and FP16Optimizer's flat master buffer would be local
+    tensors that DCP cannot reshard. FSDP2 has mixed precision of its own."""
+    sharded = [p for g in optimizer.param_groups for p in g["params"] if hasattr(p, "placements") and hasattr(p, "device_mesh")]
+    if not sharded:
+        return
+    raise ConfigError(
+        f"{name} cannot wrap an optimizer over FSDP2's sharded parameters ({len(sharded)} are DTensor shards): "
+        "its unscale, overflow check and copies (FP16Optimizer: to and from fp32 masters) work on whole tensors (torch's _foreach ops have no "
+        "DTensor rule), and over each rank's local shard the loss scale, the overflow skip and the gradient "
+        "norm would be each rank's own. Under FSDP2 keep the parameters in fp32 and let FSDP2 cast them: "
+        "fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+        "reduce_dtype=torch.float32)) with the plain optimizer (no 'precision' in its config); or keep "
+        f"{name} and train under DDP.",
+        problems=[("precision", "precision wrapper over DTensor parameters")],
+        target=name,
+    )
+
+
 def is_contract(optimizer: Any) -> bool:
     return isinstance(optimizer, ContractMixin)
 
@@ -139,6 +162,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
             raise ConfigError(
                 f"{name} cannot wrap another precision wrapper ({type(optimizer).__name__}).", target=name
             )
+        refuse_sharded(name, optimizer)
         if len(optimizer.state) > 0 and not constructor_state(optimizer):
             raise ConfigError(
                 f"{name} needs a fresh {type(optimizer).__name__} (empty state): its state would belong to the "
