@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError
+from ._dcp_flat import flat_record as flat_record
 
 #: instance attributes (in ``__dict__``) the checks keep
 STEPPED = "_optcore_stepped"
