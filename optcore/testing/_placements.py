@@ -246,7 +246,10 @@ def _failure(exc: BaseException) -> tuple[str, str]:
     cause = exc.__cause__
     if isinstance(exc, ConfigError) and (cause is None or isinstance(cause, (ConfigError, ValueError, TypeError))):
         return ("refused", str(exc))
-    return ("crashed", _describe(exc) + "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:]))
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "site-packages" not in f.filename] or frames
+    where = f" (at {Path(ours[-1].filename).name}:{ours[-1].lineno} in {ours[-1].name}: {ours[-1].line})" if ours else ""
+    return ("crashed", _describe(exc) + where + "\n" + "".join(traceback.format_list(frames[-3:])))
 
 
 # ----------------------------------------------------------------------------- training
