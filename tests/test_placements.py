@@ -46,8 +46,9 @@ KNOWN: dict[tuple[str, str], str] = {
 
 
 class NormalisedSGD(torch.optim.Optimizer):
-    """p -= lr * g / ||g||: a per-tensor update that declares itself elementwise
-    (wrongly). The kit must find it different from one process under FSDP2."""
+    """p -= lr * g / ||g|| computed on each tensor's local data (``to_local()``
+    under FSDP2, as a C kernel must): a per-tensor update that declares itself
+    elementwise, wrongly. The kit must find it different from one process."""
 
     sharding = "elementwise"
 
@@ -59,7 +60,8 @@ class NormalisedSGD(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    p.sub_(group["lr"] * p.grad / p.grad.norm().clamp_min(1e-12))
+                    local, grad = (t.to_local() if hasattr(t, "to_local") else t for t in (p, p.grad))
+                    local.sub_(group["lr"] * grad / grad.norm().clamp_min(1e-12))
 
 
 LIAR = "NormalisedSGD (declared elementwise)"
