@@ -78,7 +78,9 @@ def _row(report: PlacementReport, name: str) -> dict[str, str]:
 
 def test_no_cell_differs_from_one_process_or_crashes_except_the_known_ones(report):
     problems = {(r.optimizer, r.placement): r for r in report.problems() if r.optimizer != LIAR}
-    unexpected = [f"{key}: {r.outcome} {r.max_diff}: {r.message[:400]}" for key, r in problems.items() if key not in KNOWN]
+    unexpected = [
+        f"{key}: {r.outcome} {r.max_diff}: {r.message[:400]}" for key, r in problems.items() if key not in KNOWN
+    ]
     assert not unexpected, "\n".join(unexpected) + "\n\n" + report.table()
     fixed = [f"{key}: now {report[key].outcome} ({why})" for key, why in KNOWN.items() if key not in problems]
     assert not fixed, "these KNOWN cells no longer fail; delete their entries:\n" + "\n".join(fixed)

@@ -220,7 +220,9 @@ def _name(config: Any) -> str:
     return kind.__name__ if isinstance(kind, type) else str(kind)
 
 
-def _judge(name: str, placement: str, got: list[tuple[str, Any]], want: list[torch.Tensor], atol: float) -> PlacementResult:
+def _judge(
+    name: str, placement: str, got: list[tuple[str, Any]], want: list[torch.Tensor], atol: float
+) -> PlacementResult:
     for kind, value in got:
         if kind != "ran":
             return PlacementResult(name, placement, kind, message=value)
@@ -248,7 +250,8 @@ def _failure(exc: BaseException) -> tuple[str, str]:
         return ("refused", str(exc))
     frames = traceback.extract_tb(exc.__traceback__)
     ours = [f for f in frames if "site-packages" not in f.filename] or frames
-    where = f" (at {Path(ours[-1].filename).name}:{ours[-1].lineno} in {ours[-1].name}: {ours[-1].line})" if ours else ""
+    last = ours[-1] if ours else None
+    where = f" (at {Path(last.filename).name}:{last.lineno} in {last.name}: {last.line})" if last else ""
     return ("crashed", _describe(exc) + where + "\n" + "".join(traceback.format_list(frames[-3:])))
 
 
@@ -277,7 +280,9 @@ def _backward(opt: Any, loss: torch.Tensor) -> None:
         backward(loss)
 
 
-def _train(case: PlacementCase, model: Callable[..., torch.Tensor], opt: Any, steps: range, rows: slice, micro: int = 1) -> None:
+def _train(
+    case: PlacementCase, model: Callable[..., torch.Tensor], opt: Any, steps: range, rows: slice, micro: int = 1
+) -> None:
     for step in steps:
         opt.zero_grad()
         x, y = _batch(step, case, rows)
@@ -292,7 +297,9 @@ def _full(model: nn.Module) -> list[torch.Tensor]:
     return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
 
 
-def _one_process(case: PlacementCase, steps: range, *, save: str | None = None, load: str | None = None) -> list[torch.Tensor]:
+def _one_process(
+    case: PlacementCase, steps: range, *, save: str | None = None, load: str | None = None
+) -> list[torch.Tensor]:
     """The reference (``steps`` from 0), or one side of a DCP resume."""
     config = case.config if case.reference_config is None else case.reference_config
     with warnings.catch_warnings():
