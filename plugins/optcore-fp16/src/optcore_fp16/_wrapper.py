@@ -91,8 +91,8 @@ def refuse_sharded(name: str, optimizer: torch.optim.Optimizer) -> None:
     raise ConfigError(
         f"{name} cannot wrap an optimizer over FSDP2's sharded parameters ({len(sharded)} are DTensor shards): "
         "its unscale, overflow check and copies (FP16Optimizer: to and from fp32 masters) work on whole "
-        "tensors (torch's _foreach ops have no DTensor rule), and over each rank's local shard the loss scale, the overflow skip and the gradient "
-        "norm would be each rank's own. Under FSDP2 keep the parameters in fp32 and let FSDP2 cast them: "
+        "tensors (torch's _foreach ops have no DTensor rule), and over each rank's local shard the loss "
+        "scale, the overflow skip and the gradient norm would be each rank's own. Under FSDP2 keep the parameters in fp32 and let FSDP2 cast them: "
         "fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
         "reduce_dtype=torch.float32)) with the plain optimizer (no 'precision' in its config); or keep "
         f"{name} and train under DDP.",
