@@ -33,6 +33,7 @@ import importlib.metadata
 import math
 import os
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -49,6 +50,7 @@ from ._ranks import run_ranks
 PLACEMENTS = ("ddp", "fsdp2", "zero1", "deepspeed-zero1", "deepspeed-zero2", "dcp-2to1", "dcp-1to2")
 OUTCOMES = ("equal", "refused", "differs", "crashed", "skipped")
 WORLD_SIZE = 2
+READY = "one-process-done"  # the file the parent writes when its checkpoints for dcp-1to2 are saved
 ROWS = 32  # the kit's batch (optcore.testing._fixtures.data); each rank steps ROWS // WORLD_SIZE
 
 
@@ -177,16 +179,24 @@ def check_placements(
     results: dict[tuple[str, str], PlacementResult] = {}
     with tempfile.TemporaryDirectory(prefix="optcore-placements-") as root:
         references: dict[str, list[torch.Tensor]] = {}
-        for name, case in cases.items():
+
+        def one_process() -> None:
+            """The references and the checkpoints for ``dcp-1to2``, while the ranks import."""
             try:
-                references[name] = _one_process(case, range(steps))
-                if "dcp-1to2" in placements:
-                    _one_process(case, range(half), save=str(Path(root, "1to2", name)))
-            except Exception as exc:  # noqa: BLE001 - the whole row reports it
-                for p in placements:
-                    results[name, p] = PlacementResult(name, p, "crashed", message=f"one process: {_describe(exc)}")
+                for name, case in cases.items():
+                    try:
+                        references[name] = _one_process(case, range(steps))
+                        if "dcp-1to2" in placements:
+                            _one_process(case, range(half), save=str(Path(root, "1to2", name)))
+                    except Exception as exc:  # noqa: BLE001 - the whole row reports it
+                        message = f"one process: {_describe(exc)}"
+                        for p in placements:
+                            results[name, p] = PlacementResult(name, p, "crashed", message=message)
+            finally:
+                Path(root, READY).touch()  # the ranks' dcp-1to2 cells wait for it
+
+        ranks = run_ranks(_on_ranks, WORLD_SIZE, cases, placements, steps, root, timeout=timeout, meanwhile=one_process)
         runnable = {n: c for n, c in cases.items() if n in references}
-        ranks = run_ranks(_on_ranks, WORLD_SIZE, runnable, placements, steps, root, timeout=timeout) if runnable else []
         for name, case in runnable.items():
             tol = atol if case.atol is None else case.atol
             for p in placements:
@@ -412,6 +422,11 @@ def _dcp_2to1(rank: int, world: int, case: PlacementCase, steps: int, root: str,
 
 
 def _dcp_1to2(rank: int, world: int, case: PlacementCase, steps: int, root: str, name: str) -> list[torch.Tensor]:
+    deadline = time.monotonic() + 300
+    while not Path(root, READY).exists():  # the one process saves while the ranks run the other placements
+        if time.monotonic() > deadline:
+            raise TimeoutError("the one process wrote no checkpoints for dcp-1to2 within 300 s")
+        time.sleep(0.05)
     model = _fsdp(_model(case, seed=7), world)
     opt = _build(case.config, model)
     _dcp_load(model, opt, str(Path(root, "1to2", name)))

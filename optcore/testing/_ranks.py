@@ -75,10 +75,17 @@ def _entry(rank: int, world_size: int, port: int, outdir: str, timeout: float, f
 
 
 def run_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0, grace: float = 20.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 120.0,
+    grace: float = 20.0,
+    meanwhile: Callable[[], Any] | None = None,
 ) -> list[Any]:
     """``[fn(0, world_size, *args), ..., fn(world_size - 1, ...)]``, each run in its
-    own process of one gloo group; ``fn`` must be importable (module level)."""
+    own process of one gloo group; ``fn`` must be importable (module level).
+    ``meanwhile()`` runs in this process while the ranks start (they spend
+    seconds importing); if it raises, the ranks are killed."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="optcore-dist-") as outdir:
         port = free_port()
@@ -88,6 +95,14 @@ def run_ranks(
         ]
         for p in procs:
             p.start()
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                for p in procs:
+                    p.kill()
+                    p.join(5)
+                raise
         start = time.monotonic()
         deadline, first_failure = start + timeout, None
         # Poll exit codes: a process's sentinel can become readable before it has
