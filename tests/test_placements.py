@@ -140,9 +140,15 @@ def test_the_report_round_trips_and_renders(report):
     assert isinstance(optcore.testing.PlacementCase("SGD"), PlacementCase)
 
 
-def test_the_precision_wrappers_refuse_fsdp2_and_name_fsdp2s_own_mixed_precision(report):
-    for name in ("FP16Optimizer(AdamW) (optcore-fp16)", "MemoryEfficientFP16Optimizer(Lion) (optcore-fp16)"):
-        assert report[name, "ddp"].outcome == "equal"
-        for p in FSDP2_CELLS:
-            cell = report[name, p]
-            assert cell.outcome == "refused" and "MixedPrecisionPolicy" in cell.message and "DDP" in cell.message, cell
+def test_memory_efficient_fp16_steps_fsdp2_shards_and_fp16optimizer_is_refused_naming_what_works(report):
+    """MemoryEfficientFP16Optimizer has no copies of its own: it steps each
+    rank's fp16 shard (the overflow vote is one all-reduce). FP16Optimizer's
+    fp32 masters are refused at build, naming FSDP2's own mixed precision."""
+    me, fp16 = "MemoryEfficientFP16Optimizer(Lion) (optcore-fp16)", "FP16Optimizer(AdamW) (optcore-fp16)"
+    assert report[fp16, "ddp"].outcome == "equal"
+    for p in ("ddp", *FSDP2_CELLS):
+        assert report[me, p].outcome == "equal", report[me, p]
+    for p in FSDP2_CELLS:
+        cell = report[fp16, p]
+        assert cell.outcome == "refused", cell
+        assert all(w in cell.message for w in ("MixedPrecisionPolicy", "MemoryEfficientFP16Optimizer", "DDP")), cell
