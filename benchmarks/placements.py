@@ -59,7 +59,7 @@ CASES: dict[str, Any] = {
     "MemoryEfficientFP16Optimizer(Lion) (optcore-fp16)": PlacementCase(
         {"type": "optcore-fp16:MemoryEfficientFP16Optimizer", "optimizer": {"type": "optcore-lion:Lion", "lr": 1e-3},
          "loss_scaler": FP16_SCALER},
-        dtype="float16", atol=2e-3,
+        dtype="float16", atol=1e-4,  # below one Lion step (lr): a step skipped on one side shows
     ),
 }
 

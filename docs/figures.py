@@ -273,9 +273,13 @@ def render_placements(data: dict[str, Any]) -> str:
             row.append(text)
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     env = data["environment"]
+    tolerances = {r["optimizer"]: r.get("atol") for r in data["results"] if r.get("atol") is not None}
+    own = ", ".join(f"{name}: {tol:g}" for name, tol in tolerances.items() if tol != data["atol"])
     lines += [""] + [f"[{i}] `{note}`" for i, note in enumerate(notes, 1)] + ([""] if notes else [])
     lines.append(
-        f"yes (largest difference from one process): equal within {data['atol']:g} (fp16 rows: 2e-3); refused: a "
+        f"yes (largest difference from one process): equal within {data['atol']:g}"
+        + (f" ({own})" if own else "")
+        + "; refused: a "
         "`ConfigError` that names the reason and what works instead (every message is in "
         "`docs/results/placements.json`); **crashed** / **differs**: a bug, listed in `tests/test_placements.py`'s "
         f"KNOWN. {data['steps']} steps on {env['world_size']} {env['backend']} ranks against one process on the "

@@ -81,6 +81,7 @@ class PlacementResult:
     outcome: str
     max_diff: float | None = None
     message: str = ""
+    atol: float | None = None  # the tolerance the difference was judged by
 
     def short(self) -> str:
         """The table's cell."""
@@ -241,7 +242,7 @@ def _judge(
         for a, b in zip(params, want, strict=True):
             d = (a.double() - b.double()).abs().max().item()
             diff = math.inf if math.isnan(d) else max(diff, d)
-    return PlacementResult(name, placement, "equal" if diff <= atol else "differs", diff)
+    return PlacementResult(name, placement, "equal" if diff <= atol else "differs", diff, atol=atol)
 
 
 def _describe(exc: BaseException) -> str:
