@@ -245,6 +245,50 @@ def render_road(data: dict[str, Any]) -> str:
     return "\n".join(parts[:-1])
 
 
+def render_placements(data: dict[str, Any]) -> str:
+    """The support table of docs/distributed.md from optcore.testing.check_placements' report."""
+    names = {
+        "ddp": "DDP", "fsdp2": "FSDP2", "zero1": "`zero_redundancy`", "deepspeed-zero1": "DeepSpeed ZeRO-1",
+        "deepspeed-zero2": "DeepSpeed ZeRO-2", "dcp-2to1": "DCP 2 -> 1", "dcp-1to2": "DCP 1 -> 2",
+    }
+    cells = {(r["optimizer"], r["placement"]): r for r in data["results"]}
+    lines = [
+        "| optimizer | " + " | ".join(names.get(p, p) for p in data["placements"]) + " |",
+        "|---" * (len(data["placements"]) + 1) + "|",
+    ]
+    notes: list[str] = []
+    for name in data["optimizers"]:
+        row = []
+        for p in data["placements"]:
+            r = cells[name, p]
+            text = {"equal": "yes", "refused": "refused"}.get(r["outcome"], f"**{r['outcome']}**")
+            if r["outcome"] in ("equal", "differs") and r["max_diff"] is not None:
+                text += f" ({r['max_diff']:.0e})"
+            if r["outcome"] in ("crashed", "differs") and r["message"]:
+                first = " ".join(r["message"].split("\n")[0].split())
+                first = first if len(first) <= 160 else first[:157] + "..."
+                if first not in notes:
+                    notes.append(first)
+                text += f" [{notes.index(first) + 1}]"
+            row.append(text)
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    env = data["environment"]
+    tolerances = {r["optimizer"]: r.get("atol") for r in data["results"] if r.get("atol") is not None}
+    own = ", ".join(f"{name}: {tol:g}" for name, tol in tolerances.items() if tol != data["atol"])
+    lines += [""] + [f"[{i}] `{note}`" for i, note in enumerate(notes, 1)] + ([""] if notes else [])
+    lines.append(
+        f"yes (largest difference from one process): equal within {data['atol']:g}"
+        + (f" ({own})" if own else "")
+        + "; refused: a "
+        "`ConfigError` that names the reason and what works instead (every message is in "
+        "`docs/results/placements.json`); **crashed** / **differs**: a bug, listed in `tests/test_placements.py`'s "
+        f"KNOWN. {data['steps']} steps on {env['world_size']} {env['backend']} ranks against one process on the "
+        f"full batch; torch {env['torch']}, DeepSpeed {env.get('deepspeed', 'not installed')}; {data['machine']}, "
+        f"{data['when']}, {data['seconds']} s: `{data['command']}`"
+    )
+    return "\n".join(lines)
+
+
 def plot_compare(data: dict[str, Any]) -> None:
     from optcore.compare.report import plot_curves
 
@@ -398,6 +442,13 @@ FIGURES: list[Figure] = [
         "--out docs/img/choosing/protocol && python docs/figures.py --summarise-protocol docs/img/choosing/protocol",
         render_compare_protocol,
         plot_compare_protocol,
+    ),
+    Figure(
+        "placements",
+        ROOT / "docs" / "distributed.md",
+        RESULTS / "placements.json",
+        "python benchmarks/placements.py --json docs/results/placements.json",
+        render_placements,
     ),
     Figure(
         "timing-compare",

@@ -28,6 +28,7 @@ TORCH_SECTIONS = ("state", "param_groups")
 IMPLEMENTATION_KEYS = ("fused", "foreach", "compiled", "implementation")
 
 from ._errors import ConfigError, warn_user
+from .placement import flat_record
 from ._values import clean_text
 
 
@@ -56,7 +57,7 @@ def group_record(state_dict: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The record in the first saved param group, if there is one."""
     groups = state_dict.get("param_groups")
     if isinstance(groups, list) and groups and isinstance(groups[0], Mapping):
-        record = groups[0].get(RECORD)
+        record = groups[0].get(RECORD) or flat_record()  # DCP's flattened dicts lose it on the way
         return record if isinstance(record, Mapping) else None
     return None
 

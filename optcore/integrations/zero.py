@@ -49,6 +49,17 @@ def zero_redundancy(config: Any, model: Any, *, allow_import_paths: bool | None 
             "parameters; optcore.distributed.zero_redundancy shards plain optimizers only. Keep the parameters "
             "in fp32 and train under torch.autocast with the plain optimizer sharded, or use DDP with the wrapper."
         )
+    if built.parts:
+        names = ", ".join(f"{part.spec.qualified} ({part.spec.capabilities.sharding})" for part in built.parts)
+        raise ConfigError(
+            f"{built.spec.qualified} is a composite ({names}): each param group is stepped by its own optimizer, "
+            "and ZeroRedundancyOptimizer builds ONE optimizer class over each rank's shard of the groups, so "
+            f"every group would be stepped by {built.spec.name} (which may not take them: a 1-D bias). Train "
+            "the composite unsharded under DDP (optcore.build_optimizer on every rank), or under FSDP2 with "
+            "elementwise optimizers for the sharded parameters.",
+            problems=[("fallback", "composite under ZeroRedundancyOptimizer")],
+            target=built.spec.name,
+        )
     target = built.spec.target
     if not isinstance(target, type):
         raise ConfigError(f"{built.spec.qualified} is a factory; ZeroRedundancyOptimizer needs an optimizer class.")

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError
+from ._dcp_flat import flat_record as flat_record
 from ._owned import ShardedMuon, is_dtensor, layout_problem
 
 #: instance attributes (in ``__dict__``) the checks keep

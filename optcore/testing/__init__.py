@@ -29,6 +29,11 @@ Public API (everything else in this package is private):
 - :func:`run_check`, :func:`run_conformance`, :class:`ConformanceSkip` -- running
   them, and :func:`conformance_cases` -- every check in every dtype the
   optimizer declares, as pytest params (``optcore.testing._runner``).
+- :func:`check_placements`, :class:`PlacementCase`, :class:`PlacementReport`,
+  :class:`PlacementResult`, :data:`PLACEMENTS` -- the placement dimension: any
+  optimizer under DDP, FSDP2, ZeRO, DeepSpeed ZeRO-1/2 and DCP resumes on
+  spawned gloo ranks, each compared with one process
+  (``optcore.testing._placements``; the spawning in ``optcore.testing._ranks``).
 
 The kit's problem (a small seeded net and regression task) lives in
 ``optcore.testing._fixtures``. Each check builds fresh models with a fixed seed
@@ -53,10 +58,16 @@ from ._checks import (
     check_step_with_scale,
 )
 from ._inputs import DTYPES, ConformanceInputs, inputs_for, with_config
+from ._placements import PLACEMENTS, PlacementCase, PlacementReport, PlacementResult, check_placements
 from ._runner import ConformanceSkip, conformance_cases, run_check, run_conformance
 
 __all__ = [
     "CHECKS",
+    "PLACEMENTS",
+    "PlacementCase",
+    "PlacementReport",
+    "PlacementResult",
+    "check_placements",
     "DTYPES",
     "ConformanceInputs",
     "ConformanceSkip",

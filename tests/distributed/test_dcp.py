@@ -82,16 +82,26 @@ def _params(model: nn.Module) -> list[torch.Tensor]:
     return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
 
 
-def _save(model: nn.Module, opt: Any, path: str) -> None:
+def _save(model: nn.Module, opt: Any, path: str, options: Any = None) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
+        optim = get_optimizer_state_dict(model, opt, options=options)
+        dcp.save({"model": get_model_state_dict(model), "optim": optim}, checkpoint_id=path)
 
 
-def _load(model: nn.Module, opt: Any, path: str, *, model_first: bool = True) -> list[torch.Tensor]:
+def _flat() -> Any:
+    """torchtitan's options: one flat key per parameter and entry."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _load(
+    model: nn.Module, opt: Any, path: str, *, model_first: bool = True, options: Any = None
+) -> list[torch.Tensor]:
     """Load ``path`` the way DCP's docs do; with ``model_first`` the model is
     loaded before the optimizer's template is made (DCP's init step then runs on
     the loaded weights). Returns the parameters right after the model loaded."""
@@ -108,14 +118,14 @@ def _load(model: nn.Module, opt: Any, path: str, *, model_first: bool = True) ->
             dcp.load(state, checkpoint_id=path)
             set_model_state_dict(model, state["model"])
             loaded = _params(model)
-            state = {"optim": get_optimizer_state_dict(model, opt)}
+            state = {"optim": get_optimizer_state_dict(model, opt, options=options)}
         else:
-            state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+            state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
         dcp.load(state, checkpoint_id=path)
         if not model_first:
             set_model_state_dict(model, state["model"])
             loaded = _params(model)
-        set_optimizer_state_dict(model, opt, state["optim"])
+        set_optimizer_state_dict(model, opt, state["optim"], options=options)
     return loaded
 
 
@@ -191,6 +201,38 @@ def test_an_adamw_checkpoint_does_not_load_into_adam(tmp_path: Path) -> None:
     adam = optcore.build_optimizer({"type": "Adam", "lr": 1e-2}, other)
     with pytest.raises(optcore.ConfigError, match="saved by AdamW from torch.*this optimizer is Adam"):
         _load(other, adam, str(tmp_path))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_flattened_dcp_state_dicts_resume_every_optimizer_with_its_record(name: str, tmp_path: Path) -> None:
+    """StateDictOptions(flatten_optimizer_state_dict=True) rebuilds the groups
+    from the live groups' keys: the identity and extra state (AdaScale's
+    estimator) are read back from the flat keys they were saved under."""
+    _available(name)
+    straight = _model()
+    _train(name, straight, _build(name, straight), range(5))
+    model = _model()
+    opt = _build(name, model)
+    _train(name, model, opt, range(3))
+    _save(model, opt, str(tmp_path), options=_flat())
+    resumed = _model(seed=7)
+    resumed_opt = _build(name, resumed)
+    _load(resumed, resumed_opt, str(tmp_path), options=_flat())
+    if name == "AdaScaleSGD":
+        assert resumed_opt.progress == pytest.approx(opt.progress) and resumed_opt.progress > 3.0
+    _train(name, resumed, resumed_opt, range(3, 5))
+    _assert_equal(_params(resumed), _params(straight), f"{name} resumed through DCP's flattened state dict")
+
+
+def test_a_flattened_adamw_checkpoint_does_not_load_into_adam(tmp_path: Path) -> None:
+    model = _model()
+    opt = _build("AdamW", model)
+    _train("AdamW", model, opt, range(2))
+    _save(model, opt, str(tmp_path), options=_flat())
+    other = _model()
+    adam = optcore.build_optimizer({"type": "Adam", "lr": 1e-2}, other)
+    with pytest.raises(optcore.ConfigError, match="saved by AdamW from torch.*this optimizer is Adam"):
+        _load(other, adam, str(tmp_path), options=_flat())
 
 
 def test_the_identity_and_extra_state_are_in_what_dcp_keeps() -> None:

@@ -185,6 +185,21 @@ def test_zero_redundancy_refuses_wrappers_before_any_collective():
         zero_redundancy({"type": "SGD", "precision": "bf16"}, _model().bfloat16())
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"type": "torch:Muon", "lr": 0.02, "fallback": {"type": "AdamW", "lr": 1e-2}},
+        {"type": "AdamW", "lr": 1e-2, "param_groups": [{"params": "bias", "optimizer": {"type": "SGD", "lr": 0.1}}]},
+    ],
+    ids=["Muon+AdamW", "AdamW+SGD"],
+)
+def test_zero_redundancy_refuses_a_composite_by_name_before_any_collective(config):
+    """ZeRO builds one optimizer class per rank: a composite's groups would all be
+    stepped by its main type (torch's Muon raised on the first 1-D bias)."""
+    with pytest.raises(optcore.ConfigError, match=r"is a composite \(.*AdamW.*\).*ONE optimizer class.*DDP"):
+        zero_redundancy(config, _model())  # no process group: it fails before ZeRO is made
+
+
 def test_unwrap_finds_the_optimizer_or_says_what_it_found():
     opt = optcore.build_optimizer("SGD", _model())
     assert optcore.unwrap(opt) is opt

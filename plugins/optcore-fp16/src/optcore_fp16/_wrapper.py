@@ -77,6 +77,31 @@ class ParamGroupView(MutableMapping[str, Any]):
         return f"ParamGroupView({ {k: v for k, v in self.items() if k != 'params'} }, {len(self._params)} params)"
 
 
+def refuse_sharded(name: str, optimizer: torch.optim.Optimizer) -> None:
+    """A :class:`~optcore.ConfigError` for ``DTensor`` parameters (FSDP2's
+    ``fully_shard``) in a wrapper that keeps fp32 master copies: its copies to
+    and from the masters are whole-tensor ``_foreach`` ops that have no
+    ``DTensor`` rule, and a flat master buffer over each rank's local shard
+    would be plain tensors that DCP cannot reshard. FSDP2 has mixed precision
+    of its own, and MemoryEfficientFP16Optimizer steps the local shards."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    sharded = [p for p in params if hasattr(p, "placements") and hasattr(p, "device_mesh")]
+    if not sharded:
+        return
+    raise ConfigError(
+        f"{name} cannot wrap an optimizer over FSDP2's sharded parameters ({len(sharded)} are DTensor shards): "
+        "its fp32 master copies are made and written back by whole-tensor ops (torch's _foreach ops have no "
+        "DTensor rule), and a flat master buffer over each rank's shard would be plain tensors that "
+        "torch.distributed.checkpoint cannot reshard. Under FSDP2 keep the parameters in fp32 and let FSDP2 "
+        "cast them: fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+        "reduce_dtype=torch.float32)) with the plain optimizer (no 'precision' in its config); or use "
+        "MemoryEfficientFP16Optimizer (memory_efficient=true), which steps each rank's shard, with an "
+        f"optimizer that computes in fp32 itself (Lion, Adafactor); or keep {name} and train under DDP.",
+        problems=[("precision", "precision wrapper over DTensor parameters")],
+        target=name,
+    )
+
+
 def is_contract(optimizer: Any) -> bool:
     return isinstance(optimizer, ContractMixin)
 
@@ -85,13 +110,26 @@ def non_finite(tensors: Sequence[Tensor], unscale: float = 1.0) -> bool:
     """Whether any of ``tensors`` holds an inf or a NaN: one fused pass per
     device and dtype (torch's AMP kernel), which also multiplies them by
     ``unscale`` in the same pass. One host sync."""
+    meshes = {id(t.device_mesh): t.device_mesh for t in tensors if _is_dtensor(t)}
+    if meshes:  # FSDP2's shards: each rank checks (and unscales) its local shard, and the ranks vote
+        tensors = [t.to_local() if _is_dtensor(t) else t for t in tensors]
     found = []
     for (device, _), bucket in by_device_and_dtype(tensors).items():
         flag = torch.zeros(1, dtype=torch.float32, device=device)
         factor = torch.full((1,), unscale, dtype=torch.float32, device=device)
         torch._amp_foreach_non_finite_check_and_unscale_(bucket, flag, factor)
         found.append(flag.to(found[0].device) if found else flag)
+    if meshes:
+        mesh = next(iter(meshes.values()))
+        total = torch.stack(found).sum().reshape(1) if found else torch.zeros(1, device=mesh.device_type)
+        for each in meshes.values():  # one rank's overflow skips the step on every rank
+            torch.distributed.all_reduce(total, group=each.get_group())
+        return bool(total.item() > 0)
     return bool(torch.stack(found).sum() > 0) if found else False
+
+
+def _is_dtensor(t: Tensor) -> bool:
+    return hasattr(t, "placements") and hasattr(t, "device_mesh")
 
 
 def constructor_state(optimizer: torch.optim.Optimizer) -> bool:
@@ -115,6 +153,8 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
     #: for optcore.testing: fp16 and bf16 parameters (precision='fp16' / 'bf16'), and fp32/fp64
     #: ones, which the wrappers accept with a warning and must still step by the contract
     conformance_inputs: ClassVar[dict[str, Any]] = {"dtypes": ("float32", "float64", "bfloat16", "float16")}
+    #: steps FSDP2's DTensor parameters on each rank's local shard (no copies of its own)
+    steps_local_shards: ClassVar[bool] = False
 
     @classmethod
     def param_dtype_for(cls, hparams: Mapping[str, Any]) -> torch.dtype:
@@ -139,6 +179,8 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
             raise ConfigError(
                 f"{name} cannot wrap another precision wrapper ({type(optimizer).__name__}).", target=name
             )
+        if not self.steps_local_shards:
+            refuse_sharded(name, optimizer)
         if len(optimizer.state) > 0 and not constructor_state(optimizer):
             raise ConfigError(
                 f"{name} needs a fresh {type(optimizer).__name__} (empty state): its state would belong to the "

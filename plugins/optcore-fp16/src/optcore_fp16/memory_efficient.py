@@ -40,6 +40,8 @@ class MemoryEfficientFP16Optimizer(PrecisionWrapper):
     ``param_groups`` are the inner optimizer's own groups.
     """
 
+    steps_local_shards: ClassVar[bool] = True  # no copies: the inner optimizer steps FSDP2's shards
+
     config_schema: ClassVar[type[MemoryEfficientFP16OptimizerConfig]] = MemoryEfficientFP16OptimizerConfig
 
     @classmethod

@@ -108,7 +108,11 @@ def _in_state_dtype(update: Callable[..., None], ps: Tensors, gs: Tensors, ms: T
     work = [p.to(m.dtype) for p, m in zip(ps, ms)]
     update(work, [g.to(m.dtype) for g, m in zip(gs, ms)], ms, **hp)
     if work and work[0] is not ps[0]:
-        torch._foreach_copy_(ps, work)
+        if type(ps[0]) in (Tensor, torch.nn.Parameter):
+            torch._foreach_copy_(ps, work)
+        else:  # DTensor shards: _foreach_copy_ has no sharding rule, copy_ has
+            for p, w in zip(ps, work):
+                p.copy_(w)
 
 
 def _pieces(ps: Tensors, gs: Tensors, ms: Tensors) -> Iterator[tuple[Tensors, Tensors, Tensors]]:
