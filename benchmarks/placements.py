@@ -8,7 +8,7 @@ Each row runs a few steps on 2 spawned gloo ranks (CPU) under DDP, FSDP2,
 ``optcore.distributed.zero_redundancy``, DeepSpeed ZeRO-1/2 and a DCP resume
 across world sizes, each compared with one process on the full batch. The
 table records each cell's outcome (equal, refused, differs, crashed) and the
-largest difference from one process; ``tests/test_placements.py`` runs the
+largest difference from one process; ``tests/distributed/test_placements.py`` runs the
 same rows and fails when an outcome differs from the committed results.
 """
 

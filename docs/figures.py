@@ -281,7 +281,7 @@ def render_placements(data: dict[str, Any]) -> str:
         + (f" ({own})" if own else "")
         + "; refused: a "
         "`ConfigError` that names the reason and what works instead (every message is in "
-        "`docs/results/placements.json`); **crashed** / **differs**: a bug, listed in `tests/test_placements.py`'s "
+        "`docs/results/placements.json`); **crashed** / **differs**: a bug, listed in `tests/distributed/test_placements.py`'s "
         f"KNOWN. {data['steps']} steps on {env['world_size']} {env['backend']} ranks against one process on the "
         f"full batch; torch {env['torch']}, DeepSpeed {env.get('deepspeed', 'not installed')}; {data['machine']}, "
         f"{data['when']}, {data['seconds']} s: `{data['command']}`"

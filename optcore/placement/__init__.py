@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import sys
 import warnings
 import zlib
@@ -156,7 +157,10 @@ def check_not_reshaped(optimizer: Any) -> None:
 def in_dcp_get() -> bool:
     """Whether DCP's ``get_optimizer_state_dict`` is asking for a state dict."""
     module = sys.modules.get("torch.distributed.checkpoint.state_dict")
-    return _on_stack(getattr(getattr(module, "_get_optim_state_dict", None), "__code__", None))
+    function = getattr(module, "_get_optim_state_dict", None)
+    # torch wraps it in torch.no_grad(): the wrapper's code is on the stack of every
+    # no_grad-decorated function, so look for the function's own code.
+    return _on_stack(getattr(inspect.unwrap(function), "__code__", None) if function is not None else None)
 
 
 def check_dcp_layout(optimizer: Any, state_dict: Any) -> None:
@@ -208,7 +212,8 @@ def _has_state(optimizer: Any) -> bool:
 def in_dcp_init() -> bool:
     """Whether DCP's ``_init_optim_state`` is on the stack (a few frames up)."""
     module = sys.modules.get("torch.distributed.checkpoint.state_dict")
-    return _on_stack(getattr(getattr(module, "_init_optim_state", None), "__code__", None))
+    function = getattr(module, "_init_optim_state", None)
+    return _on_stack(getattr(inspect.unwrap(function), "__code__", None) if function is not None else None)
 
 
 class InitStep:

@@ -415,3 +415,18 @@ def test_dcp_resumes_ddp_from_two_ranks_in_one_process(tmp_path: Path) -> None:
         _load(model, opt, str(tmp_path / name))
         _train(name, model, opt, range(3, 5))
         _assert_equal(_params(model), _params(straight), f"{name}: DDP on 2 ranks -> 1 process", atol=1e-6)
+
+
+def test_only_dcp_itself_is_taken_for_dcp_asking_for_a_state_dict():
+    """torch wraps DCP's getter in torch.no_grad(): any other no_grad-decorated
+    function (a user's save routine) must not be taken for it."""
+    import torch.distributed.checkpoint.state_dict  # noqa: F401 - the module the checks look for
+
+    from optcore.placement import in_dcp_get, in_dcp_init
+
+    @torch.no_grad()
+    def a_users_function() -> tuple[bool, bool]:
+        return in_dcp_get(), in_dcp_init()
+
+    assert (in_dcp_get(), in_dcp_init()) == (False, False)
+    assert a_users_function() == (False, False)
