@@ -237,6 +237,37 @@ def test_a_worker_with_only_storage_and_study_joins_the_stored_sweep(tmp_path, c
     assert "No such SQLite file" in capsys.readouterr().err and not (tmp_path / "none.db").exists()
 
 
+def test_several_tasks_share_one_storage_and_report_from_it(tmp_path, capsys):
+    """--task a,b: each task is a sweep of its own under the study's index in one
+    storage (here the default, optuna.db in --out), a worker with only --storage and
+    --study joins all of them, and `compare report` rebuilds every task and the
+    scores over both, equal to the live run."""
+    tasks = ["examples/my_task.py:task", "examples/my_task.py:RegressionTask"]  # two specs: two tasks
+    folders = ["examples_my_task.py_task", "examples_my_task.py_RegressionTask"]
+    live = tmp_path / "live"
+    assert main(["compare", "--task", ",".join(tasks), "--optimizers", "torch:SGD", "--trials", "2", "--seeds", "1,2",
+                 "--steps", "3", "--target", f"{tasks[0]}=9.0", "--in-process", "--quiet", "--out", str(live)]) == 0
+    url = f"sqlite:///{live / 'optuna.db'}"
+    assert set(optuna.get_all_study_names(_storage(url))) >= {"compare", *(f"compare/{f}" for f in folders)}
+    joined, report = tmp_path / "joined", tmp_path / "report"
+    assert main(["compare", "--storage", url, "--in-process", "--quiet", "--out", str(joined)]) == 0
+    assert main(["compare", "report", "--storage", url, "--out", str(report)]) == 0
+    first = json.loads((live / "results.json").read_text())
+    assert first["complete"] and len(first["scores"]["problems"]) == 4  # 2 tasks x 2 re-seeds
+    assert {task: t["source"] for task, t in first["scores"]["targets"].items()} == {tasks[0]: "given", tasks[1]: "reference"}
+    for other in (joined, report):
+        again = json.loads((other / "results.json").read_text())
+        assert {k: v for k, v in again.items() if k not in LIVE} == {k: v for k, v in first.items() if k not in LIVE}
+        for folder in folders:
+            one, two = (json.loads((d / folder / "results.json").read_text()) for d in (live, other))
+            assert {k: v for k, v in two.items() if k not in LIVE} == {k: v for k, v in one.items() if k not in LIVE}
+    assert _finished_slots(url, f"compare/{folders[0]}")[f"compare/{folders[0]}"] == [0, 1]  # each once, not rejoined
+    capsys.readouterr()
+    assert main(["compare", "--task", tasks[0], "--optimizers", "torch:SGD", "--steps", "3", "--in-process", "--quiet",
+                 "--storage", url, "--out", str(tmp_path / "x")]) == 1  # fmt: skip
+    assert f"is a sweep of several tasks ({', '.join(tasks)})" in capsys.readouterr().err
+
+
 def test_a_result_for_a_trial_failed_as_stale_meanwhile_is_dropped(tmp_path):
     """A worker that was silent past the grace period (its trial failed and retried by
     another) finishes its run: the result is dropped, the retry counts."""
