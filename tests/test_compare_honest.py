@@ -197,3 +197,26 @@ def test_a_diverged_run_is_drawn_up_to_its_last_finite_loss():
     xs, mean, _ = curves["train"]
     assert len(mean) == 40 and mean[-1] == pytest.approx(3.0 - 0.39)  # the last finite loss, not cut 10 steps early
     assert curves["val"][:2] == ([0, 20], [3.5, 2.9])
+
+
+def test_the_protocol_table_says_how_a_config_at_defaults_ended():
+    """A config whose runs at defaults diverged reads "diverged" under "at defaults", not "-"."""
+    from rich.console import Console
+
+    from optcore.compare import tuning
+
+    def record(name):
+        return {"tuned": True, "space": {}, "studies": [{"study": 0, "trials": [], "best": 0.5, "best_trial": 0,
+                "pruned": 0, "diverged": 0}], "score": 0.5, "chosen": {"point": {"lr": 0.01}, "lr": 0.01},
+                "unstable": tuning.unstable_region([])}  # fmt: skip
+
+    doc = {"protocol": {"trials": 1, "studies": 1, "sampler": "sobol", "sampler_seed": 0, "tuning_seed": 0,
+                        "seeds": [1]},
+           "rows": [{"name": "SGD", "status": "diverged", "final": None, "final_sd": None},
+                    {"name": "AdamW", "status": "ok", "final": 1.25, "final_sd": None}],
+           "tuned": {"optimizers": {"SGD": record("SGD"), "AdamW": record("AdamW")},
+                     "rows": [{"name": n, "rank": "1=", "final": 0.5, "final_sd": None} for n in ("SGD", "AdamW")]}}
+    console = Console(record=True, width=200)
+    tuning.render_protocol(doc, console)
+    lines = {line.split("│")[2].strip(): line for line in console.export_text().splitlines() if line.count("│") > 3}
+    assert "diverged" in lines["SGD"].split("│")[3] and "1.250" in lines["AdamW"].split("│")[3]
