@@ -496,3 +496,23 @@ def test_workers_that_open_a_new_sqlite_storage_together_all_get_it(tmp_path):
         for t in threads:
             t.join()
     assert failures == []
+
+
+def test_ctrl_c_counts_every_finished_trial_of_the_sweep(tmp_path, capsys, monkeypatch):
+    """Interrupted after the runs at defaults and two tuning trials: the message counts
+    those 4 of the sweep's 8 trials (not the 2 runs at defaults of 2)."""
+    from optcore.compare import runner
+
+    real, calls = runner.run_one, []
+
+    def run_one(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_one", run_one)
+    rc = main(["compare", "--optimizers", "AdamW,torch:SGD", "--steps", "2", "--trials", "2", "--seeds", "1",
+               "--in-process", "--quiet", "--out", str(tmp_path / "out")])  # fmt: skip
+    assert rc == 130
+    assert "Interrupted: kept the 4 finished runs of 8; the same command resumes" in capsys.readouterr().out

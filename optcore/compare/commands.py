@@ -264,9 +264,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if doc["cut"]:
         console.print(f"[yellow]Budget[/yellow]: {doc['cut']}", highlight=False)
     if doc["interrupted"]:
-        console.print(f"[yellow]Interrupted[/yellow]: kept the {len(doc['results'])} finished runs of "
-                      f"{doc['planned_runs']}; the same command resumes the sweep.")  # fmt: skip
+        console.print(f"[yellow]Interrupted[/yellow]: kept the {finished_trials(doc)} finished runs of "
+                      f"{doc['sweep']['planned_trials']}; the same command resumes the sweep.")  # fmt: skip
     return 130 if doc["interrupted"] else 0
+
+
+def finished_trials(doc: Mapping[str, Any]) -> int:
+    """The runs of a comparison document that finished: at defaults, tuning trials and re-seeded runs."""
+    tuned = doc.get("tuned") or {}
+    tuning = sum(len(s["trials"]) for record in tuned.get("optimizers", {}).values() for s in record["studies"])
+    return len(doc["results"]) + tuning + len(tuned.get("results", []))
 
 
 def _console() -> Any:
