@@ -145,6 +145,17 @@ def test_diverged_lrs_between_finished_ones_are_marked_but_not_shaded_as_one_reg
     assert list(crosses.get_xdata()) == [1e-3] and not ax.patches
 
 
+def test_a_trial_that_blew_up_but_finished_does_not_flatten_the_others(monkeypatch):
+    # SGD's tuning on a teacher-student regression: lr 0.135 ended at 2.4e7 without diverging
+    sgd = _sweep_row("SGD", [(0.01, 0.3), (0.03, 0.25), (0.135, 2.4e7)], [0.18, 0.26])
+    adamw = _sweep_row("AdamW", [(1e-3, 1.9), (1e-2, 1.1), (7e-2, 0.8)], [])
+    ax = _sweep_figure(monkeypatch, [adamw, sgd]).axes[0]
+    assert ax.get_yscale() == "log"  # 0.25 and 1.1 stay apart on the plot
+    assert ax.get_ylim()[0] <= 0.25 and ax.get_ylim()[1] >= 2.4e7
+    ax = _sweep_figure(monkeypatch, [adamw]).axes[0]
+    assert ax.get_yscale() == "linear"  # losses within two decades keep a linear axis
+
+
 # ------------------------------------------------------------------ ties
 def _row(name, final, sd=None):
     return {"name": name, "final": final, "final_sd": sd}
