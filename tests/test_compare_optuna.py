@@ -283,6 +283,31 @@ def test_a_result_for_a_trial_failed_as_stale_meanwhile_is_dropped(tmp_path):
     assert "result" not in sweep.storage.get_trial(claimed.trial_id).user_attrs
 
 
+def test_a_worker_that_joins_takes_the_stored_protocol(tmp_path, capsys):
+    """A worker with only --storage and --study runs the stored sweep's protocol: its
+    tuning is announced, and a sweep that prunes is not run in-process (where a trial
+    cannot be stopped, so this worker would not prune as the others do)."""
+    from optcore.compare.study import Sweep, open_storage, sweep_meta
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _compare(tmp_path / "first", "--trials", "1", "--seeds", "1", "--storage", url, "--study", "tuned", names="torch:SGD",
+             steps=2)  # fmt: skip
+    capsys.readouterr()
+    assert main(["compare", "--storage", url, "--study", "tuned", "--in-process", "--quiet",
+                 "--out", str(tmp_path / "join")]) == 0  # fmt: skip
+    assert "1 trials x 1 studies per optimizer" in capsys.readouterr().out
+    meta = sweep_meta([{"name": "a", "optimizer": {"type": "torch:SGD", "lr": 0.1}}],
+                      {"a": {"lr": {"low": 0.01, "high": 1.0, "log": True}}}, task={"spec": "char-lm"}, steps=2,
+                      seeds=[1], lr_sweep=None, lrs=None, extra={"summary": "", "memory_note": ""},
+                      protocol={"trials": 1, "studies": 1, "sampler": "sobol", "sampler_seed": 0, "tuning_seed": 0,
+                                "prune": True})  # fmt: skip
+    Sweep.open(open_storage(url), "pruned", meta)
+    assert main(["compare", "--storage", url, "--study", "pruned", "--in-process", "--quiet",
+                 "--out", str(tmp_path / "p")]) == 1  # fmt: skip
+    assert "prunes its tuning trials (--prune)" in capsys.readouterr().err
+    assert _finished_slots(url, "pruned") == {"pruned": [], "pruned/a/tune-0": []}  # nothing ran
+
+
 # --------------------------------------------------------- shared workers
 WORKER = ["--optimizers", "AdamW,torch:SGD", "--steps", "3", "--trials", "2", "--studies", "2", "--seeds", "1,2",
           "--in-process", "--quiet", "--heartbeat", "1"]  # fmt: skip

@@ -182,6 +182,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     meta = sweep.meta  # a worker that joins runs the stored sweep
     target = target if args.target is not None else meta.get("target")  # and scores it by the stored target
     settings = dataclasses.replace(settings, steps=meta["steps"], task=meta["task"]["spec"])
+    protocol = sweep.protocol  # its pruning too: every worker prunes a tuning trial by the same rule
+    if protocol["prune"] and args.in_process:
+        raise ConfigError(f"The comparison {args.study!r} prunes its tuning trials (--prune), which stops a trial's "
+                          "process: drop --in-process.", problems=[("prune", "in-process")])  # fmt: skip
     console = _console()
     planned = sweep.planned()
     tuning = f", {protocol['trials']} trials x {protocol['studies']} studies per optimizer" if protocol["trials"] else ""
