@@ -254,7 +254,8 @@ def test_several_tasks_share_one_storage_and_report_from_it(tmp_path, capsys):
     assert main(["compare", "report", "--storage", url, "--out", str(report)]) == 0
     first = json.loads((live / "results.json").read_text())
     assert first["complete"] and len(first["scores"]["problems"]) == 4  # 2 tasks x 2 re-seeds
-    assert {task: t["source"] for task, t in first["scores"]["targets"].items()} == {tasks[0]: "given", tasks[1]: "reference"}
+    sources = {task: t["source"] for task, t in first["scores"]["targets"].items()}
+    assert sources == {tasks[0]: "given", tasks[1]: "reference"}
     for other in (joined, report):
         again = json.loads((other / "results.json").read_text())
         assert {k: v for k, v in again.items() if k not in LIVE} == {k: v for k, v in first.items() if k not in LIVE}
@@ -290,8 +291,8 @@ def test_a_worker_that_joins_takes_the_stored_protocol(tmp_path, capsys):
     from optcore.compare.study import Sweep, open_storage, sweep_meta
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    _compare(tmp_path / "first", "--trials", "1", "--seeds", "1", "--storage", url, "--study", "tuned", names="torch:SGD",
-             steps=2)  # fmt: skip
+    _compare(tmp_path / "first", "--trials", "1", "--seeds", "1", "--storage", url, "--study", "tuned",
+             names="torch:SGD", steps=2)  # fmt: skip
     capsys.readouterr()
     assert main(["compare", "--storage", url, "--study", "tuned", "--in-process", "--quiet",
                  "--out", str(tmp_path / "join")]) == 0  # fmt: skip

@@ -402,8 +402,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if tasks:  # a sweep of several tasks: each task's report, then the scores over all, as the live run
         docs: dict[str, Any] = {}
         for task in tasks:
-            _report_one(Sweep.open(storage, task_study(args.study, task_folder(task)), None), args, out / task_folder(task))
-            docs[task] = json.loads((out / task_folder(task) / "results.json").read_text())
+            folder = task_folder(task)
+            _report_one(Sweep.open(storage, task_study(args.study, folder), None), args, out / folder)
+            docs[task] = json.loads((out / folder / "results.json").read_text())
         return score_tasks(docs, out, complete=all(d["complete"] for d in docs.values()))
     _report_one(Sweep.open(storage, args.study, None), args, out)
     return 0
