@@ -237,11 +237,20 @@ def test_a_worker_with_only_storage_and_study_joins_the_stored_sweep(tmp_path, c
     assert "No such SQLite file" in capsys.readouterr().err and not (tmp_path / "none.db").exists()
 
 
-def test_several_tasks_share_one_storage_and_report_from_it(tmp_path, capsys):
+def _no_plots(monkeypatch) -> None:
+    """The comparison without its PNGs (tests of what is stored and reported, not drawn)."""
+    from optcore.compare import report, scoreboard
+
+    for module, name in ((report, "plot_curves"), (report, "plot_sweep"), (scoreboard, "plot_profile")):
+        monkeypatch.setattr(module, name, lambda *a, **k: None)
+
+
+def test_several_tasks_share_one_storage_and_report_from_it(tmp_path, capsys, monkeypatch):
     """--task a,b: each task is a sweep of its own under the study's index in one
     storage (here the default, optuna.db in --out), a worker with only --storage and
     --study joins all of them, and `compare report` rebuilds every task and the
     scores over both, equal to the live run."""
+    _no_plots(monkeypatch)
     tasks = ["examples/my_task.py:task", "examples/my_task.py:RegressionTask"]  # two specs: two tasks
     folders = ["examples_my_task.py_task", "examples_my_task.py_RegressionTask"]
     live = tmp_path / "live"
@@ -284,10 +293,11 @@ def test_a_result_for_a_trial_failed_as_stale_meanwhile_is_dropped(tmp_path):
     assert "result" not in sweep.storage.get_trial(claimed.trial_id).user_attrs
 
 
-def test_a_worker_that_joins_takes_the_stored_protocol(tmp_path, capsys):
+def test_a_worker_that_joins_takes_the_stored_protocol(tmp_path, capsys, monkeypatch):
     """A worker with only --storage and --study runs the stored sweep's protocol: its
     tuning is announced, and a sweep that prunes is not run in-process (where a trial
     cannot be stopped, so this worker would not prune as the others do)."""
+    _no_plots(monkeypatch)
     from optcore.compare.study import Sweep, open_storage, sweep_meta
 
     url = f"sqlite:///{tmp_path / 's.db'}"
@@ -538,6 +548,7 @@ def test_ctrl_c_counts_every_finished_trial_of_the_sweep(tmp_path, capsys, monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(runner, "run_one", run_one)
+    _no_plots(monkeypatch)
     rc = main(["compare", "--optimizers", "AdamW,torch:SGD", "--steps", "2", "--trials", "2", "--seeds", "1",
                "--in-process", "--quiet", "--out", str(tmp_path / "out")])  # fmt: skip
     assert rc == 130
