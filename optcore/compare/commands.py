@@ -8,6 +8,7 @@ modules it runs (torch, rich, matplotlib) when it runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -131,6 +132,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .sweep import Budget, Run, parse_duration, parse_lrs
     from .tasks import load_task
 
+    if args.storage and not args.task and not getattr(args, "joining", False):
+        from .study import task_index
+
+        stored_tasks = task_index(open_storage(args.storage, args.heartbeat), args.study, None)
+        if stored_tasks:  # a worker that joins a stored sweep of several tasks, as it is
+            args = argparse.Namespace(**{**vars(args), "task": ",".join(stored_tasks), "joining": True})
     if "," in (args.task or ""):  # several tasks: this command once per task, then the scores over all
         return compare_tasks(args, cmd_compare, _out_dir(args))
     target = parse_target(args.target, args.task)  # a bad --target fails before anything runs
@@ -169,11 +176,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
                "settings": {"device": settings.device, "threads": args.threads, "jobs": jobs, "isolation": isolation},
                "target": target},
     )  # fmt: skip
-    explicit = not args.storage or any(getattr(args, flag, None) not in (None, False) for flag in SWEEP_FLAGS)
+    explicit = not args.storage or (not getattr(args, "joining", False)
+                                    and any(getattr(args, flag, None) not in (None, False) for flag in SWEEP_FLAGS))
     sweep = Sweep.open(open_storage(url, args.heartbeat), args.study, meta, explicit=explicit)
     meta = sweep.meta  # a worker that joins runs the stored sweep
     target = target if args.target is not None else meta.get("target")  # and scores it by the stored target
     settings = dataclasses.replace(settings, steps=meta["steps"], task=meta["task"]["spec"])
+    protocol = sweep.protocol  # its pruning too: every worker prunes a tuning trial by the same rule
+    if protocol["prune"] and args.in_process:
+        raise ConfigError(f"The comparison {args.study!r} prunes its tuning trials (--prune), which stops a trial's "
+                          "process: drop --in-process.", problems=[("prune", "in-process")])  # fmt: skip
     console = _console()
     planned = sweep.planned()
     tuning = f", {protocol['trials']} trials x {protocol['studies']} studies per optimizer" if protocol["trials"] else ""
@@ -256,9 +268,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if doc["cut"]:
         console.print(f"[yellow]Budget[/yellow]: {doc['cut']}", highlight=False)
     if doc["interrupted"]:
-        console.print(f"[yellow]Interrupted[/yellow]: kept the {len(doc['results'])} finished runs of "
-                      f"{doc['planned_runs']}; the same command resumes the sweep.")  # fmt: skip
+        console.print(f"[yellow]Interrupted[/yellow]: kept the {finished_trials(doc)} finished runs of "
+                      f"{doc['sweep']['planned_trials']}; the same command resumes the sweep.")  # fmt: skip
     return 130 if doc["interrupted"] else 0
+
+
+def finished_trials(doc: Mapping[str, Any]) -> int:
+    """The runs of a comparison document that finished: at defaults, tuning trials and re-seeded runs."""
+    tuned = doc.get("tuned") or {}
+    tuning = sum(len(s["trials"]) for record in tuned.get("optimizers", {}).values() for s in record["studies"])
+    return len(doc["results"]) + tuning + len(tuned.get("results", []))
 
 
 def _console() -> Any:
@@ -370,19 +389,34 @@ def _trial_rows(tuned: Mapping[str, Any]) -> list[dict[str, Any]]:
 def cmd_report(args: argparse.Namespace) -> int:
     """``optcore compare report``: the table and plots of a sweep, from its storage alone."""
     import optuna  # noqa: F401 - a missing extra is named before anything is written
-    from .study import Sweep, collect, open_storage
+    from .scoreboard import score_tasks, task_folder
+    from .study import Sweep, open_storage, task_index, task_study
 
     if args.storage.startswith("sqlite:///") and not Path(args.storage[len("sqlite:///"):]).is_file():
         raise ConfigError(f"No such SQLite file: {args.storage[len('sqlite:///'):]} (a comparison's storage is "
                           "optuna.db in its --out folder: --storage sqlite:///OUT/optuna.db).",
                           problems=[("storage", "missing")])  # fmt: skip
-    sweep = Sweep.open(open_storage(args.storage), args.study, None)
+    storage = open_storage(args.storage)
     out = _out_dir(args)
+    tasks = task_index(storage, args.study, None)
+    if tasks:  # a sweep of several tasks: each task's report, then the scores over all, as the live run
+        docs: dict[str, Any] = {}
+        for task in tasks:
+            folder = task_folder(task)
+            _report_one(Sweep.open(storage, task_study(args.study, folder), None), args, out / folder)
+            docs[task] = json.loads((out / folder / "results.json").read_text())
+        return score_tasks(docs, out, complete=all(d["complete"] for d in docs.values()))
+    _report_one(Sweep.open(storage, args.study, None), args, out)
+    return 0
+
+
+def _report_one(sweep: Any, args: argparse.Namespace, out: Path) -> None:
+    from .study import collect
+
     out.mkdir(parents=True, exist_ok=True)
     doc = {**collect(sweep), "settings": {**sweep.meta.get("settings", {}), "storage": _hide_password(args.storage),
-                                          "study": args.study}}  # fmt: skip
+                                          "study": sweep.name}, "complete": not sweep.pending()}  # fmt: skip
     show_comparison(doc, out, _console(), sweep.meta.get("target"))  # the live run's --target, stored
-    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:

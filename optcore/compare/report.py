@@ -19,6 +19,9 @@ from optcore import __version__
 
 from .tuning import unstable_region
 
+#: The lr-sweep plot's loss axis is logarithmic where the finished losses span more than this factor.
+LOG_Y_SPAN = 100.0
+
 
 def human_bytes(n: float | None) -> str:
     if n is None:
@@ -259,6 +262,9 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], path:
             ax.axvspan(region["from_lr"], max(region["diverged_lrs"]) * 1.15, color=color, alpha=0.08, lw=0)
     ax.autoscale_view()
     ax.set_xscale("log")
+    finals = [s["mean"] for r in swept for s in r["sweep"] if s["mean"] is not None and math.isfinite(s["mean"])]
+    if finals and min(finals) > 0 and max(finals) > LOG_Y_SPAN * min(finals):
+        ax.set_yscale("log")  # one run that blew up without diverging would flatten every other point
     ax.set_xlabel("learning rate (x on the top strip: diverged; shaded: unstable region)")
     ax.set_ylabel(f"final held-out {loss_label}")
     ax.grid(alpha=0.3, which="both")

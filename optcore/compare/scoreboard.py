@@ -174,11 +174,10 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
     """``optcore compare --task a,b,c``: the comparison on each task (into
     ``out/<task>/``, each with its own table, plots and time to target), then the
     scores over every (task, seed) problem together: ``out/results.json`` and
-    ``out/profile.png``."""
-    from rich.console import Console
-
-    from .report import write_results
-
+    ``out/profile.png``. Each task is a sweep of its own in one storage (``--storage``,
+    else ``out/optuna.db``), listed by an index under ``--study``
+    (:func:`.study.task_index`), so that workers share every task and ``compare
+    report`` rebuilds them all and the scores over them."""
     tasks = [t.strip() for t in args.task.split(",") if t.strip()]
     if len(set(tasks)) != len(tasks) or not tasks:
         raise ConfigError(f"--task {args.task!r}: name each task once, e.g. --task char-lm,vision.",
@@ -188,28 +187,49 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
 
     for task in tasks:  # a bad spec fails before the first task runs
         load_task(task)
+    from .study import DEFAULT_HEARTBEAT_S, DEFAULT_STUDY, default_storage_url, open_storage, task_index, task_study
+
     out.mkdir(parents=True, exist_ok=True)
+    storage = getattr(args, "storage", None) or default_storage_url(out)
+    study = getattr(args, "study", None) or DEFAULT_STUDY
+    task_index(open_storage(storage, getattr(args, "heartbeat", None) or DEFAULT_HEARTBEAT_S), study, tasks)
     docs: dict[str, dict[str, Any]] = {}
     rc = 0
     for task in tasks:
         folder = out / task_folder(task)
         one = argparse.Namespace(**{**vars(args), "task": task, "out": str(folder), "target": targets.get(task)})
+        one.storage, one.study = storage, task_study(study, task_folder(task))
         rc = compare_one(one)
         docs[task] = json.loads((folder / "results.json").read_text())
         if rc:  # interrupted: score what finished, say so
             break
+    return score_tasks(docs, out, complete=rc == 0 and len(docs) == len(tasks), targets=targets) or rc
+
+
+def score_tasks(docs: Mapping[str, Mapping[str, Any]], out: Path, complete: bool,
+                targets: Mapping[str, float] | None = None) -> int:  # fmt: skip
+    """The scores over every task's comparison (``docs``: each task's ``results.json``)
+    together, at the targets each task's comparison was given (the others set from
+    the runs): ``out/results.json``, the table and ``out/profile.png``. The live
+    run, a worker that joined it and ``compare report`` call it alike."""
+    from rich.console import Console
+
+    from .report import write_results
+
     runs: dict[str, list[dict[str, Any]]] = {}
     for task, doc in docs.items():
         tuned = doc.get("tuned")  # the tuned protocol is scored by its re-seeded runs, as each task's own table is
         for name, mine in runs_by_optimizer(doc, task, tuned if tuned and tuned["rows"] else None).items():
             runs.setdefault(name, []).extend(mine)
-    summary = scoring.summarise(runs, targets)
+    given = {task: t["loss"] for doc in docs.values() for task, t in doc.get("scores", {}).get("targets", {}).items()
+             if t["source"] == "given"}  # fmt: skip
+    summary = scoring.summarise(runs, {**given, **(targets or {})})
     title = f"{len(docs)} tasks ({', '.join(docs)})"
     write_results(out / "results.json", {
         "title": title,
         "tasks": {task: {"folder": task_folder(task), "summary": doc["summary"], "complete": doc["complete"]}
                   for task, doc in docs.items()},
-        "complete": rc == 0 and len(docs) == len(tasks), "scores": summary,
+        "complete": complete, "scores": summary,
     })  # fmt: skip
     console = Console(soft_wrap=False)
     if not console.is_terminal:
@@ -220,5 +240,4 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
         plot_profile(summary, out / "profile.png", title)
         written.append(out / "profile.png")
     console.print(f"Wrote {', '.join(map(str, written))}")
-    return rc
-
+    return 0

@@ -167,6 +167,51 @@ def sweep_meta(entries: Sequence[Mapping[str, Any]], spaces: Mapping[str, Any], 
     }, default=str))  # fmt: skip
 
 
+def task_study(name: str, folder: str) -> str:
+    """The sweep of one task of the several-task sweep ``name`` (``--task a,b`` with ``--storage``)."""
+    return f"{name}/{folder}"
+
+
+def task_index(storage: Any, name: str, tasks: Sequence[str] | None) -> list[str] | None:
+    """The tasks of the several-task sweep ``name``: study ``name`` lists them
+    (user attribute ``optcore_tasks``) and each task's sweep is study
+    :func:`task_study`, so that ``compare report`` and a worker that gives only
+    ``--storage`` and ``--study`` find every task. With ``tasks`` the index is
+    created, or checked against the stored one; with ``None`` it is only read
+    (``None``: ``name`` is not a several-task sweep, or does not exist)."""
+    optuna = _optuna()
+    try:
+        index = optuna.load_study(study_name=name, storage=storage, sampler=_sampler())
+    except KeyError:
+        index = None
+    if index is None and tasks is not None:
+        try:
+            index = optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=_sampler())
+            _retrying(index.set_user_attr, TASKS_ATTR, list(tasks))
+            return list(tasks)
+        except optuna.exceptions.DuplicatedStudyError:  # another worker created it just now
+            index = optuna.load_study(study_name=name, storage=storage, sampler=_sampler())
+    if index is None:
+        return None
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while TASKS_ATTR not in index.user_attrs and "optcore" not in index.user_attrs and time.monotonic() < deadline:
+        time.sleep(0.5)  # its creator is writing it
+    stored = index.user_attrs.get(TASKS_ATTR)
+    if tasks is not None and stored != list(tasks):
+        what = f"the tasks {', '.join(stored)}" if stored else "one task"
+        raise ConfigError(
+            f"The comparison {name!r} in this storage is a sweep of {what}, not of {', '.join(tasks)}. Run the same "
+            "--task as the other workers (or give only --storage and --study to join it as it is), or start a new "
+            "one with another --study.",
+            problems=[("task", "differs from the stored sweep")],
+        )
+    return list(stored) if stored else None
+
+
+#: The user attribute of a several-task sweep's index study: its ``--task`` specs.
+TASKS_ATTR = "optcore_tasks"
+
+
 def _differences(stored: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return [key for key in FINGERPRINT if stored.get(key) != new.get(key)]
 
@@ -233,6 +278,13 @@ class Sweep:
             sweep = cls(storage, name, meta)
             sweep._create(index)
             return sweep
+        if TASKS_ATTR in index.user_attrs:
+            tasks = index.user_attrs[TASKS_ATTR]
+            raise ConfigError(
+                f"The comparison {name!r} in this storage is a sweep of several tasks ({', '.join(tasks)}): give "
+                f"--task {','.join(tasks)} (or only --storage and --study), or another --study.",
+                problems=[("study", "several tasks")],
+            )
         stored = cls._wait_ready(index, name)
         if meta is not None and explicit:
             differ = _differences(stored, meta)

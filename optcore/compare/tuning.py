@@ -148,6 +148,15 @@ def _loss(value: float | None, sd: float | None = None) -> str:
     return f"{value:.3f}" + (f" ± {sd:.3f}" if sd is not None else "")
 
 
+def _at_defaults(row: Mapping[str, Any] | None) -> str:
+    """A config's row at its defaults: its loss, or how it ended (a diverged config is not "-")."""
+    if row is None:
+        return "-"
+    if row["status"] != "ok":
+        return str(row["status"])
+    return _loss(row["final"], row.get("final_sd"))
+
+
 def _point(point: Mapping[str, float] | None) -> str:
     return " ".join(f"{k}={v:.3g}" for k, v in (point or {}).items()) or "-"
 
@@ -189,7 +198,7 @@ def render_protocol(doc: Mapping[str, Any], console: Any) -> None:
         table.add_row(
             again["rank"] if again else "-",
             name,
-            _loss(defaults["final"], defaults.get("final_sd")) if defaults else "-",
+            _at_defaults(defaults),
             " ".join(_loss(s["best"]) for s in studies) or _why_untuned(record, defaults),
             _loss(record.get("score")),
             _point((record.get("chosen") or {}).get("point")),

@@ -145,6 +145,17 @@ def test_diverged_lrs_between_finished_ones_are_marked_but_not_shaded_as_one_reg
     assert list(crosses.get_xdata()) == [1e-3] and not ax.patches
 
 
+def test_a_trial_that_blew_up_but_finished_does_not_flatten_the_others(monkeypatch):
+    # SGD's tuning on a teacher-student regression: lr 0.135 ended at 2.4e7 without diverging
+    sgd = _sweep_row("SGD", [(0.01, 0.3), (0.03, 0.25), (0.135, 2.4e7)], [0.18, 0.26])
+    adamw = _sweep_row("AdamW", [(1e-3, 1.9), (1e-2, 1.1), (7e-2, 0.8)], [])
+    ax = _sweep_figure(monkeypatch, [adamw, sgd]).axes[0]
+    assert ax.get_yscale() == "log"  # 0.25 and 1.1 stay apart on the plot
+    assert ax.get_ylim()[0] <= 0.25 and ax.get_ylim()[1] >= 2.4e7
+    ax = _sweep_figure(monkeypatch, [adamw]).axes[0]
+    assert ax.get_yscale() == "linear"  # losses within two decades keep a linear axis
+
+
 # ------------------------------------------------------------------ ties
 def _row(name, final, sd=None):
     return {"name": name, "final": final, "final_sd": sd}
@@ -197,3 +208,26 @@ def test_a_diverged_run_is_drawn_up_to_its_last_finite_loss():
     xs, mean, _ = curves["train"]
     assert len(mean) == 40 and mean[-1] == pytest.approx(3.0 - 0.39)  # the last finite loss, not cut 10 steps early
     assert curves["val"][:2] == ([0, 20], [3.5, 2.9])
+
+
+def test_the_protocol_table_says_how_a_config_at_defaults_ended():
+    """A config whose runs at defaults diverged reads "diverged" under "at defaults", not "-"."""
+    from rich.console import Console
+
+    from optcore.compare import tuning
+
+    def record(name):
+        return {"tuned": True, "space": {}, "studies": [{"study": 0, "trials": [], "best": 0.5, "best_trial": 0,
+                "pruned": 0, "diverged": 0}], "score": 0.5, "chosen": {"point": {"lr": 0.01}, "lr": 0.01},
+                "unstable": tuning.unstable_region([])}  # fmt: skip
+
+    doc = {"protocol": {"trials": 1, "studies": 1, "sampler": "sobol", "sampler_seed": 0, "tuning_seed": 0,
+                        "seeds": [1]},
+           "rows": [{"name": "SGD", "status": "diverged", "final": None, "final_sd": None},
+                    {"name": "AdamW", "status": "ok", "final": 1.25, "final_sd": None}],
+           "tuned": {"optimizers": {"SGD": record("SGD"), "AdamW": record("AdamW")},
+                     "rows": [{"name": n, "rank": "1=", "final": 0.5, "final_sd": None} for n in ("SGD", "AdamW")]}}
+    console = Console(record=True, width=200)
+    tuning.render_protocol(doc, console)
+    lines = {line.split("│")[2].strip(): line for line in console.export_text().splitlines() if line.count("│") > 3}
+    assert "diverged" in lines["SGD"].split("│")[3] and "1.250" in lines["AdamW"].split("│")[3]

@@ -237,6 +237,47 @@ def test_a_worker_with_only_storage_and_study_joins_the_stored_sweep(tmp_path, c
     assert "No such SQLite file" in capsys.readouterr().err and not (tmp_path / "none.db").exists()
 
 
+def _no_plots(monkeypatch) -> None:
+    """The comparison without its PNGs (tests of what is stored and reported, not drawn)."""
+    from optcore.compare import report, scoreboard
+
+    for module, name in ((report, "plot_curves"), (report, "plot_sweep"), (scoreboard, "plot_profile")):
+        monkeypatch.setattr(module, name, lambda *a, **k: None)
+
+
+def test_several_tasks_share_one_storage_and_report_from_it(tmp_path, capsys, monkeypatch):
+    """--task a,b: each task is a sweep of its own under the study's index in one
+    storage (here the default, optuna.db in --out), a worker with only --storage and
+    --study joins all of them, and `compare report` rebuilds every task and the
+    scores over both, equal to the live run."""
+    _no_plots(monkeypatch)
+    tasks = ["examples/my_task.py:task", "examples/my_task.py:RegressionTask"]  # two specs: two tasks
+    folders = ["examples_my_task.py_task", "examples_my_task.py_RegressionTask"]
+    live = tmp_path / "live"
+    assert main(["compare", "--task", ",".join(tasks), "--optimizers", "torch:SGD", "--trials", "2", "--seeds", "1,2",
+                 "--steps", "3", "--target", f"{tasks[0]}=9.0", "--in-process", "--quiet", "--out", str(live)]) == 0
+    url = f"sqlite:///{live / 'optuna.db'}"
+    assert set(optuna.get_all_study_names(_storage(url))) >= {"compare", *(f"compare/{f}" for f in folders)}
+    joined, report = tmp_path / "joined", tmp_path / "report"
+    assert main(["compare", "--storage", url, "--in-process", "--quiet", "--out", str(joined)]) == 0
+    assert main(["compare", "report", "--storage", url, "--out", str(report)]) == 0
+    first = json.loads((live / "results.json").read_text())
+    assert first["complete"] and len(first["scores"]["problems"]) == 4  # 2 tasks x 2 re-seeds
+    sources = {task: t["source"] for task, t in first["scores"]["targets"].items()}
+    assert sources == {tasks[0]: "given", tasks[1]: "reference"}
+    for other in (joined, report):
+        again = json.loads((other / "results.json").read_text())
+        assert {k: v for k, v in again.items() if k not in LIVE} == {k: v for k, v in first.items() if k not in LIVE}
+        for folder in folders:
+            one, two = (json.loads((d / folder / "results.json").read_text()) for d in (live, other))
+            assert {k: v for k, v in two.items() if k not in LIVE} == {k: v for k, v in one.items() if k not in LIVE}
+    assert _finished_slots(url, f"compare/{folders[0]}")[f"compare/{folders[0]}"] == [0, 1]  # each once, not rejoined
+    capsys.readouterr()
+    assert main(["compare", "--task", tasks[0], "--optimizers", "torch:SGD", "--steps", "3", "--in-process", "--quiet",
+                 "--storage", url, "--out", str(tmp_path / "x")]) == 1  # fmt: skip
+    assert f"is a sweep of several tasks ({', '.join(tasks)})" in capsys.readouterr().err
+
+
 def test_a_result_for_a_trial_failed_as_stale_meanwhile_is_dropped(tmp_path):
     """A worker that was silent past the grace period (its trial failed and retried by
     another) finishes its run: the result is dropped, the retry counts."""
@@ -250,6 +291,32 @@ def test_a_result_for_a_trial_failed_as_stale_meanwhile_is_dropped(tmp_path):
     claimed.study.tell(claimed.number, state=optuna.trial.TrialState.FAIL)  # as fail_stale_trials does
     sweep.finish(claimed, {"status": "ok", "final": 1.0})
     assert "result" not in sweep.storage.get_trial(claimed.trial_id).user_attrs
+
+
+def test_a_worker_that_joins_takes_the_stored_protocol(tmp_path, capsys, monkeypatch):
+    """A worker with only --storage and --study runs the stored sweep's protocol: its
+    tuning is announced, and a sweep that prunes is not run in-process (where a trial
+    cannot be stopped, so this worker would not prune as the others do)."""
+    _no_plots(monkeypatch)
+    from optcore.compare.study import Sweep, open_storage, sweep_meta
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _compare(tmp_path / "first", "--trials", "1", "--seeds", "1", "--storage", url, "--study", "tuned",
+             names="torch:SGD", steps=2)  # fmt: skip
+    capsys.readouterr()
+    assert main(["compare", "--storage", url, "--study", "tuned", "--in-process", "--quiet",
+                 "--out", str(tmp_path / "join")]) == 0  # fmt: skip
+    assert "1 trials x 1 studies per optimizer" in capsys.readouterr().out
+    meta = sweep_meta([{"name": "a", "optimizer": {"type": "torch:SGD", "lr": 0.1}}],
+                      {"a": {"lr": {"low": 0.01, "high": 1.0, "log": True}}}, task={"spec": "char-lm"}, steps=2,
+                      seeds=[1], lr_sweep=None, lrs=None, extra={"summary": "", "memory_note": ""},
+                      protocol={"trials": 1, "studies": 1, "sampler": "sobol", "sampler_seed": 0, "tuning_seed": 0,
+                                "prune": True})  # fmt: skip
+    Sweep.open(open_storage(url), "pruned", meta)
+    assert main(["compare", "--storage", url, "--study", "pruned", "--in-process", "--quiet",
+                 "--out", str(tmp_path / "p")]) == 1  # fmt: skip
+    assert "prunes its tuning trials (--prune)" in capsys.readouterr().err
+    assert _finished_slots(url, "pruned") == {"pruned": [], "pruned/a/tune-0": []}  # nothing ran
 
 
 # --------------------------------------------------------- shared workers
@@ -465,3 +532,24 @@ def test_workers_that_open_a_new_sqlite_storage_together_all_get_it(tmp_path):
         for t in threads:
             t.join()
     assert failures == []
+
+
+def test_ctrl_c_counts_every_finished_trial_of_the_sweep(tmp_path, capsys, monkeypatch):
+    """Interrupted after the runs at defaults and two tuning trials: the message counts
+    those 4 of the sweep's 8 trials (not the 2 runs at defaults of 2)."""
+    from optcore.compare import runner
+
+    real, calls = runner.run_one, []
+
+    def run_one(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_one", run_one)
+    _no_plots(monkeypatch)
+    rc = main(["compare", "--optimizers", "AdamW,torch:SGD", "--steps", "2", "--trials", "2", "--seeds", "1",
+               "--in-process", "--quiet", "--out", str(tmp_path / "out")])  # fmt: skip
+    assert rc == 130
+    assert "Interrupted: kept the 4 finished runs of 8; the same command resumes" in capsys.readouterr().out
