@@ -31,8 +31,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "Adafactor": {"type": "optcore-adafactor:Adafactor", "weight_decay": 0.01},  # relative step
     "AdaScaleSGD": {"type": "optcore-adascale:AdaScaleSGD", "lr": 0.1, "momentum": 0.9, "num_gradients_to_accumulate": 2},
 }
-#: what FSDP2 steps (elementwise updates over DTensor shards)
-SHARDED = ["AdamW", "SGD", "Lion"]
+#: what FSDP2 steps (elementwise updates over DTensor shards; Adafactor reduces its statistics)
+SHARDED = ["AdamW", "SGD", "Lion", "Adafactor"]
 HALF = 4
 
 
