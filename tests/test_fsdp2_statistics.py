@@ -129,8 +129,41 @@ def _fsdp(model: nn.Module, world: int) -> nn.Module:
     return model
 
 
+def _adascale_one_process(dtype: torch.dtype) -> dict[str, Any]:
+    """The DDP run's reference: one process, the two halves as two accumulated
+    gradient samples (S = 2, as 2 workers with one backward each)."""
+    model = _model(dtype)
+    opt = _build({**ADASCALE, "num_gradients_to_accumulate": 2}, model)
+    gains = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        for half in range(2):
+            x, y = _batch(step, dtype, slice(half * HALF, (half + 1) * HALF))
+            (nn.functional.mse_loss(model(x), y) / 2).backward()
+        opt.step()
+        gains.append(opt.gain())
+    return {"params": _params(model), "gains": gains, "progress": opt.progress}
+
+
+def _adascale_on_ranks(rank: int, world: int, dtype: torch.dtype) -> dict[str, Any]:
+    model = _fsdp(_model(dtype), world)
+    opt = _build(ADASCALE, model)
+    gains, counts = [], []
+    for step in range(STEPS):
+        with _Count() as count:
+            opt.zero_grad()
+            x, y = _batch(step, dtype, slice(rank * HALF, (rank + 1) * HALF))
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        gains.append(opt.gain())
+        counts.append([c for c in count.calls if c == "all_reduce"])
+    return {"params": _params(model), "gains": gains, "progress": opt.progress, "counts": counts}
+
+
 def _on_ranks(rank: int, world: int, adafactor: dict[str, dict[str, Any]], dtypes: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    for dtype_name in dtypes:
+        out[f"AdaScaleSGD/{dtype_name}"] = _adascale_on_ranks(rank, world, DTYPES[dtype_name][0])
     for name, config in adafactor.items():
         for dtype_name in dtypes:
             dtype = DTYPES[dtype_name][0]
@@ -151,7 +184,7 @@ def _on_ranks(rank: int, world: int, adafactor: dict[str, dict[str, Any]], dtype
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
-    for config in ADAFACTOR.values():
+    for config in [*ADAFACTOR.values(), ADASCALE]:
         try:
             optcore.resolve(config["type"]).target
         except (optcore.OptimizerNotFoundError, optcore.PluginLoadError) as exc:
@@ -185,5 +218,27 @@ def test_adafactor_under_fsdp2_equals_one_process(ranks: list[dict[str, Any]], n
 def test_adafactor_reduces_with_two_all_reduces_per_step(ranks: list[dict[str, Any]]) -> None:
     for result in ranks:
         for key, info in result.items():
+            if not key.startswith("Adafactor/"):
+                continue
             for calls in info["counts"]:
                 assert calls == ["all_reduce", "all_reduce"], (key, calls)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_adascale_under_fsdp2_has_the_ddp_runs_gain_and_steps(ranks: list[dict[str, Any]], dtype_name: str) -> None:
+    dtype, tol = DTYPES[dtype_name]
+    want = _adascale_one_process(dtype)
+    assert max(want["gains"]) > 1.05  # the gain is measured, not its initial 1
+    for rank, result in enumerate(ranks):
+        got = result[f"AdaScaleSGD/{dtype_name}"]
+        assert got["gains"] == pytest.approx(want["gains"], rel=tol, abs=0)
+        assert got["progress"] == pytest.approx(want["progress"], rel=tol, abs=0)
+        for i, (a, b) in enumerate(zip(got["params"], want["params"], strict=True)):
+            err = (a - b).abs().max().item()
+            assert err <= tol * max(1.0, b.abs().max().item()), f"rank {rank}, parameter {i}: off by {err:.3g}"
+
+
+def test_adascale_all_reduces_once_per_step(ranks: list[dict[str, Any]]) -> None:
+    for result in ranks:
+        for dtype_name in DTYPES:
+            assert result[f"AdaScaleSGD/{dtype_name}"]["counts"] == [["all_reduce"]] * STEPS

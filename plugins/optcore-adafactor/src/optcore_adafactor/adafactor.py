@@ -78,6 +78,8 @@ class Adafactor(Optimizer):
     supports_groups: ClassVar[bool] = True
     #: row and column statistics, RMS terms and update clipping are over each whole tensor
     sharding: ClassVar[str] = "factored"
+    #: under FSDP2 those statistics are reduced over the mesh, batched per step (see ._sharded)
+    reduces_sharded_statistics: ClassVar[bool] = True
     #: What a wrapper that flattens parameters should tell the user.
     flat_params_unsupported_reason: ClassVar[str] = (
         "Adafactor factors the second moment of each weight matrix into row and column "
