@@ -160,8 +160,30 @@ def _adascale_on_ranks(rank: int, world: int, dtype: torch.dtype) -> dict[str, A
     return {"params": _params(model), "gains": gains, "progress": opt.progress, "counts": counts}
 
 
+class ThirdPartyFactored(torch.optim.SGD):
+    """A third-party optimizer that says its statistics cross elements of a
+    tensor and does not say it reduces them over shards."""
+
+    sharding = "factored"
+
+
+def _refusals(world: int) -> dict[str, Any]:
+    optcore.register_optimizer("ThirdPartyFactored", ThirdPartyFactored)
+    out = {}
+    for config in ({"type": "torch:Adafactor"}, {"type": "ThirdPartyFactored", "lr": 0.1}):
+        model = _fsdp(_model(torch.float32), world)
+        with _Count() as count:
+            try:
+                _build(config, model)
+            except optcore.ConfigError as exc:
+                out[config["type"]] = (str(exc), count.calls)
+            else:
+                out[config["type"]] = (None, count.calls)
+    return out
+
+
 def _on_ranks(rank: int, world: int, adafactor: dict[str, dict[str, Any]], dtypes: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"refusals": _refusals(world)}
     for dtype_name in dtypes:
         out[f"AdaScaleSGD/{dtype_name}"] = _adascale_on_ranks(rank, world, DTYPES[dtype_name][0])
     for name, config in adafactor.items():
@@ -242,3 +264,13 @@ def test_adascale_all_reduces_once_per_step(ranks: list[dict[str, Any]]) -> None
     for result in ranks:
         for dtype_name in DTYPES:
             assert result[f"AdaScaleSGD/{dtype_name}"]["counts"] == [["all_reduce"]] * STEPS
+
+
+def test_statistics_across_shards_not_reduced_are_refused_before_any_collective(ranks: list[dict[str, Any]]) -> None:
+    """torch's Adafactor and a third-party class declaring ``sharding =
+    "factored"`` do not declare that they reduce their statistics."""
+    for result in ranks:
+        for name, (error, calls) in result["refusals"].items():
+            assert error is not None, f"{name} was built over DTensor shards"
+            assert "sharding='factored'" in error and "DTensor" in error and "optcore-adafactor" in error, error
+            assert calls == [], f"{name}: collectives before the refusal: {calls}"
