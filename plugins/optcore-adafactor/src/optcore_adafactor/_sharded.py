@@ -50,28 +50,28 @@ def is_sharded(t: Any) -> bool:
     return isinstance(t, DTensor)
 
 
-def reduce_group(p: Any, where: str) -> Any:
+def reduce_group(p: Any, where: Any) -> Any:
     """The process group over which ``p``'s dim 0 is split (``None`` when it
     is replicated). Only ``Shard(0)`` (FSDP2's placement) and ``Replicate``
     are stepped: Adafactor's row and column statistics would need other
-    reductions over other splits."""
+    reductions over other splits. ``where()`` names ``p`` in an error."""
     shard_dims = []
     for dim, placement in enumerate(p.placements):
         if placement.is_shard() and getattr(placement, "dim", None) == 0:
             shard_dims.append(dim)
         elif not placement.is_replicate():
             raise StepError(
-                f"Adafactor cannot step {where}: it is a DTensor placed {tuple(p.placements)}, and Adafactor "
+                f"Adafactor cannot step {where()}: it is a DTensor placed {tuple(p.placements)}, and Adafactor "
                 "reduces its statistics over shards of dim 0 only (FSDP2's Shard(0)). Shard it with fully_shard's "
                 "default placement, or replicate it.",
-                param=where,
+                param=where(),
             )
     if len(shard_dims) > 1:
         raise StepError(
-            f"Adafactor cannot step {where}: its dim 0 is split over {len(shard_dims)} mesh dims "
+            f"Adafactor cannot step {where()}: its dim 0 is split over {len(shard_dims)} mesh dims "
             f"({tuple(p.placements)}); shard it over one (FSDP2's fully_shard on a 1-D mesh, or HSDP's "
             "(Replicate(), Shard(0))).",
-            param=where,
+            param=where(),
         )
     return p.device_mesh.get_group(shard_dims[0]) if shard_dims else None
 
@@ -122,8 +122,9 @@ def init_state(optimizer: Any, group: dict[str, Any], p: Any) -> None:
     device = p.to_local().device
     for key, shape in state_shapes(p, group["beta1"]).items():
         value = state.get(key)
-        placed = (value is not None and is_sharded(value) and value.dtype == dtype
-                  and list(value.placements) == _placements(p, key))
+        placed = is_sharded(value) and value.dtype == dtype and (
+            all(pl.is_replicate() for pl in value.placements) if key == "exp_avg_sq_col" and p.dim() == 2
+            else value.placements == p.placements)
         if not placed:
             state[key] = _as_state(value, p, key, shape, dtype)
     rms = state.get("RMS")
@@ -254,7 +255,7 @@ def _all_reduce(jobs: list[_Job], parts: list[list[Tensor]]) -> list[Tensor]:
 def step(optimizer: Any, work: list[tuple[dict[str, Any], Any]], inv_scale: float) -> None:
     """One Adafactor step of the DTensor parameters in ``work`` (their state
     set up by :func:`init_state`), with the gradients times ``inv_scale``."""
-    groups = [reduce_group(p, optimizer._where(group, p)) for group, p in work]
+    groups = [reduce_group(p, lambda: optimizer._where(group, p)) for group, p in work]
     jobs = [_Job(optimizer, group, p, reduce) for (group, p), reduce in zip(work, groups)]
     if not jobs:
         return

@@ -172,7 +172,7 @@ class Adafactor(Optimizer):
             work = [(group, p) for group, p in work if not _sharded.is_sharded(p)]
             for group, p in sharded:
                 self._check(group, p)
-                _sharded.reduce_group(p, self._where(group, p))
+                _sharded.reduce_group(p, lambda: self._where(group, p))
         batch = None if torch.compiler.is_compiling() else _cpu_kernel.Batch.new()
         native, functional = self._route(work, batch, scale)
         if batch is not None:
