@@ -165,68 +165,81 @@ class _Job:
         (float64): sum X², then for a matrix split by rows its column sums of
         G² + eps1 and the sum of its new row statistic."""
         group = self.group
-        eps1 = group["eps"][0]
         beta2t = 1.0 - self.step ** group["decay_rate"]
-        self.sq = self.g.square() * inv_scale**2 + eps1
-        parts = [self.x.square().sum(dtype=_F64).view(1)]
+        sq = torch.square(self.g)  # (G / s)² + eps1, in a buffer that later holds U
+        if inv_scale != 1.0:
+            sq.mul_(inv_scale**2)
+        self.sq = sq.add_(group["eps"][0])
+        parts = [_sum_of_squares(self.x)]
         if self.p.dim() < 2:
-            self.local("exp_avg_sq").mul_(beta2t).add_((1.0 - beta2t) * self.sq)
+            self.local("exp_avg_sq").mul_(beta2t).add_(sq, alpha=1.0 - beta2t)
             return parts
         row = self.local("exp_avg_sq_row")
-        row.mul_(beta2t).add_((1.0 - beta2t) * self.sq.mean(-1))
+        row.mul_(beta2t).add_(sq.mean(-1), alpha=1.0 - beta2t)
         if self.cross:
-            parts += [self.sq.sum(-2, dtype=_F64), row.sum(dtype=_F64).view(1)]
+            parts += [sq.sum(-2).to(_F64), row.sum(dtype=_F64).view(1)]
         else:
-            self.local("exp_avg_sq_col").mul_(beta2t).add_((1.0 - beta2t) * self.sq.mean(-2))
+            self.local("exp_avg_sq_col").mul_(beta2t).add_(sq.mean(-2), alpha=1.0 - beta2t)
         return parts
 
     def second(self, sums: Tensor) -> list[Tensor]:
-        """Phase 2: with the reduced sums of phase 1, the unclipped update U;
-        returns its partial sum of squares."""
+        """Phase 2: with the reduced sums of phase 1, the unclipped update U
+        (written over G² + eps1); returns its partial sum of squares."""
         group, state = self.group, self.state
         dtype = self.x.dtype
-        rms = (sums[self.at] / self.numel).sqrt().to(dtype)
-        state["RMS"].copy_(rms)
+        state["RMS"].copy_((sums[self.at] / self.numel).sqrt())
+        u, self.sq = self.sq, None  # type: ignore[assignment]
         if self.p.dim() < 2:
-            u = self.g * self.local("exp_avg_sq").rsqrt()
+            torch.rsqrt(self.local("exp_avg_sq"), out=u).mul_(self.g)
         else:
             row = self.local("exp_avg_sq_row").unsqueeze(-1)
             col = self.local("exp_avg_sq_col")
             if self.cross:
                 n, m = self.p.shape
                 beta2t = 1.0 - self.step ** group["decay_rate"]
-                col.mul_(beta2t).add_((1.0 - beta2t) * (sums[self.at + 1 : self.at + 1 + m] / n).to(dtype))
+                col.mul_(beta2t).add_((sums[self.at + 1 : self.at + 1 + m] / n).to(dtype), alpha=1.0 - beta2t)
                 mean_row = (sums[self.at + 1 + m] / n).to(dtype)
             else:
                 mean_row = row.mean(-2, keepdim=True)
-            u = self.g * (row / mean_row).rsqrt() * col.unsqueeze(-2).rsqrt()
+            torch.mul(self.g, (row / mean_row).rsqrt(), out=u).mul_(col.unsqueeze(-2).rsqrt())
         self.u = u
-        self.sq = None  # type: ignore[assignment]
-        return [u.square().sum(dtype=_F64).view(1)]
+        return [_sum_of_squares(u)]
 
     def last(self, sum_u: Tensor, inv_scale: float) -> None:
         """Phase 3: clip U by its RMS over the whole tensor, first moment,
         weight decay, and the step of the local shard."""
         group, state = self.group, self.state
         u, x = self.u, self.x
-        dtype = x.dtype
+        self.u = None
         if group["relative_step"]:
             rho = relative_step_size(self.step, group["warmup_init"]) * group.get("lr_scale", 1.0)
         else:
             rho = group["lr"]
         alpha = state["RMS"].clamp(min=group["eps"][1]) * rho if group["scale_parameter"] else rho
-        rms_u = (sum_u / self.numel).sqrt().to(dtype) * inv_scale
-        u = u * (alpha * inv_scale / (rms_u / group["clip_threshold"]).clamp(min=1.0))  # type: ignore[operator]
+        rms_u = (sum_u / self.numel).sqrt().to(x.dtype) * inv_scale
+        u.mul_(alpha * inv_scale / (rms_u / group["clip_threshold"]).clamp(min=1.0))  # type: ignore[union-attr]
         beta1 = group["beta1"]
         if beta1 is not None:
-            exp_avg = self.local("exp_avg")
-            exp_avg.mul_(beta1).add_((1.0 - beta1) * u)
-            u = exp_avg
+            u = self.local("exp_avg").mul_(beta1).add_(u, alpha=1.0 - beta1)
         weight_decay = group["weight_decay"]
-        if not (isinstance(weight_decay, (int, float)) and weight_decay == 0):
+        decay = not (isinstance(weight_decay, (int, float)) and weight_decay == 0)
+        if x is self.param:  # stepped in place
+            if decay:
+                x.mul_(1.0 - weight_decay * alpha)
+            x.sub_(u)
+            return
+        if decay:  # fp16/bf16: fp32 math, written back once
             x = x - (weight_decay * alpha) * x
         self.param.copy_(x - u)
-        self.u = None
+
+
+def _sum_of_squares(t: Tensor) -> Tensor:
+    """sum t² as a 1-element float64 tensor (BLAS ``dot`` for dense fp32/fp64:
+    one pass, nothing allocated)."""
+    if t.dtype in (torch.float32, torch.float64) and t.is_contiguous():
+        flat = t.view(-1)
+        return torch.dot(flat, flat).to(_F64).view(1)
+    return t.square().sum(dtype=_F64).view(1)
 
 
 def _all_reduce(jobs: list[_Job], parts: list[list[Tensor]]) -> list[Tensor]:
