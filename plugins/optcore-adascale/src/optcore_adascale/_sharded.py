@@ -31,17 +31,22 @@ import torch
 from torch import Tensor, nn
 
 
+_DTENSOR: list[Any] = []  # torch's DTensor class (None without distributed support), looked up on first use
+
+
 def is_sharded(t: Any) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without distributed support
-        return False
-    return isinstance(t, DTensor)
+    if not _DTENSOR:
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # torch without distributed support
+            DTensor = None  # type: ignore[assignment,misc]
+        _DTENSOR.append(DTensor)
+    return _DTENSOR[0] is not None and isinstance(t, _DTENSOR[0])
 
 
 def local(t: Tensor) -> Tensor:
     """The rank's own part of ``t`` (a DTensor's local shard, else ``t``)."""
-    return t.to_local() if is_sharded(t) else t
+    return t.to_local() if type(t) is not Tensor and is_sharded(t) else t
 
 
 class UnshardedWatch:
