@@ -168,9 +168,8 @@ class ThirdPartyFactored(torch.optim.SGD):
 
 
 def _refusals(world: int) -> dict[str, Any]:
-    optcore.register_optimizer("ThirdPartyFactored", ThirdPartyFactored)
     out = {}
-    for config in ({"type": "torch:Adafactor"}, {"type": "ThirdPartyFactored", "lr": 0.1}):
+    for config in ({"type": "torch:Adafactor"}, {"type": f"{__name__}:ThirdPartyFactored", "lr": 0.1}):
         model = _fsdp(_model(torch.float32), world)
         with _Count() as count:
             try:
