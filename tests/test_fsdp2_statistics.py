@@ -129,31 +129,39 @@ def _fsdp(model: nn.Module, world: int) -> nn.Module:
     return model
 
 
-def _adascale_one_process(dtype: torch.dtype) -> dict[str, Any]:
-    """The DDP run's reference: one process, the two halves as two accumulated
-    gradient samples (S = 2, as 2 workers with one backward each)."""
+def _adascale_one_process(dtype: torch.dtype, samples: int = 2) -> dict[str, Any]:
+    """The DDP run's reference: one process, the batch's ``samples`` parts
+    (rank 0's first) as accumulated gradient samples (S = 2: 2 workers with
+    one backward each; S = 4: 2 workers accumulating 2 each)."""
     model = _model(dtype)
-    opt = _build({**ADASCALE, "num_gradients_to_accumulate": 2}, model)
+    opt = _build({**ADASCALE, "num_gradients_to_accumulate": samples}, model)
+    rows = 2 * HALF // samples
     gains = []
     for step in range(STEPS):
         opt.zero_grad()
-        for half in range(2):
-            x, y = _batch(step, dtype, slice(half * HALF, (half + 1) * HALF))
-            (nn.functional.mse_loss(model(x), y) / 2).backward()
+        for part in range(samples):
+            x, y = _batch(step, dtype, slice(part * rows, (part + 1) * rows))
+            (nn.functional.mse_loss(model(x), y) / samples).backward()
         opt.step()
         gains.append(opt.gain())
     return {"params": _params(model), "gains": gains, "progress": opt.progress}
 
 
-def _adascale_on_ranks(rank: int, world: int, dtype: torch.dtype) -> dict[str, Any]:
+def _adascale_on_ranks(rank: int, world: int, dtype: torch.dtype, accumulate: int = 1) -> dict[str, Any]:
+    """Each rank's half of the batch, in ``accumulate`` backward passes (the
+    first ones without FSDP2's gradient reduction)."""
     model = _fsdp(_model(dtype), world)
-    opt = _build(ADASCALE, model)
+    opt = _build({**ADASCALE, "num_gradients_to_accumulate": accumulate}, model)
+    rows = HALF // accumulate
     gains, counts = [], []
     for step in range(STEPS):
         with _Count() as count:
             opt.zero_grad()
-            x, y = _batch(step, dtype, slice(rank * HALF, (rank + 1) * HALF))
-            nn.functional.mse_loss(model(x), y).backward()
+            for part in range(accumulate):
+                model.set_requires_gradient_sync(part == accumulate - 1)
+                start = rank * HALF + part * rows
+                x, y = _batch(step, dtype, slice(start, start + rows))
+                (nn.functional.mse_loss(model(x), y) / accumulate).backward()
             opt.step()
         gains.append(opt.gain())
         counts.append([c for c in count.calls if c == "all_reduce"])
@@ -185,6 +193,7 @@ def _on_ranks(rank: int, world: int, adafactor: dict[str, dict[str, Any]], dtype
     out: dict[str, Any] = {"refusals": _refusals(world)}
     for dtype_name in dtypes:
         out[f"AdaScaleSGD/{dtype_name}"] = _adascale_on_ranks(rank, world, DTYPES[dtype_name][0])
+    out["AdaScaleSGD/accumulate-2/float64"] = _adascale_on_ranks(rank, world, torch.float64, accumulate=2)
     for name, config in adafactor.items():
         for dtype_name in dtypes:
             dtype = DTYPES[dtype_name][0]
@@ -247,11 +256,21 @@ def test_adafactor_reduces_with_two_all_reduces_per_step(ranks: list[dict[str, A
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_adascale_under_fsdp2_has_the_ddp_runs_gain_and_steps(ranks: list[dict[str, Any]], dtype_name: str) -> None:
+    _check_adascale(ranks, f"AdaScaleSGD/{dtype_name}", dtype_name, samples=2)
+
+
+def test_adascale_under_fsdp2_with_accumulation(ranks: list[dict[str, Any]]) -> None:
+    """2 ranks x 2 backward passes (``set_requires_gradient_sync(False)`` on
+    the first): 4 gradient samples per step."""
+    _check_adascale(ranks, "AdaScaleSGD/accumulate-2/float64", "float64", samples=4)
+
+
+def _check_adascale(ranks: list[dict[str, Any]], key: str, dtype_name: str, samples: int) -> None:
     dtype, tol = DTYPES[dtype_name]
-    want = _adascale_one_process(dtype)
+    want = _adascale_one_process(dtype, samples)
     assert max(want["gains"]) > 1.05  # the gain is measured, not its initial 1
     for rank, result in enumerate(ranks):
-        got = result[f"AdaScaleSGD/{dtype_name}"]
+        got = result[key]
         assert got["gains"] == pytest.approx(want["gains"], rel=tol, abs=0)
         assert got["progress"] == pytest.approx(want["progress"], rel=tol, abs=0)
         for i, (a, b) in enumerate(zip(got["params"], want["params"], strict=True)):
@@ -261,8 +280,9 @@ def test_adascale_under_fsdp2_has_the_ddp_runs_gain_and_steps(ranks: list[dict[s
 
 def test_adascale_all_reduces_once_per_step(ranks: list[dict[str, Any]]) -> None:
     for result in ranks:
-        for dtype_name in DTYPES:
-            assert result[f"AdaScaleSGD/{dtype_name}"]["counts"] == [["all_reduce"]] * STEPS
+        for key, info in result.items():
+            if key.startswith("AdaScaleSGD/"):
+                assert info["counts"] == [["all_reduce"]] * STEPS, key
 
 
 def test_statistics_across_shards_not_reduced_are_refused_before_any_collective(ranks: list[dict[str, Any]]) -> None:
