@@ -36,6 +36,8 @@ ADAFACTOR: dict[str, dict[str, Any]] = {
                          "weight_decay": 0.1},
 }
 DTYPES = {"float32": (torch.float32, 1e-6), "float64": (torch.float64, 1e-12)}
+#: bf16 parameters, stepped with fp32 math and fp32 state (memory_efficient)
+BF16 = {"type": "optcore-adafactor:Adafactor", "weight_decay": 0.01, "beta1": 0.9}
 ADASCALE = {"type": "optcore-adascale:AdaScaleSGD", "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}
 
 
@@ -83,7 +85,7 @@ def _one_process(config: dict[str, Any], dtype: torch.dtype) -> list[torch.Tenso
     for step in range(STEPS):
         opt.zero_grad()
         x, y = _batch(step, dtype)
-        nn.functional.mse_loss(model(x), y).backward()
+        nn.functional.mse_loss(model(x).float(), y.float()).backward()
         opt.step()
     return _params(model)
 
@@ -195,8 +197,8 @@ def _on_ranks(rank: int, world: int, adafactor: dict[str, dict[str, Any]], dtype
         out[f"AdaScaleSGD/{dtype_name}"] = _adascale_on_ranks(rank, world, DTYPES[dtype_name][0])
     out["AdaScaleSGD/accumulate-2/float64"] = _adascale_on_ranks(rank, world, torch.float64, accumulate=2)
     for name, config in adafactor.items():
-        for dtype_name in dtypes:
-            dtype = DTYPES[dtype_name][0]
+        for dtype_name in ["bfloat16"] if name == "bf16" else dtypes:
+            dtype = getattr(torch, dtype_name)
             model = _fsdp(_model(dtype), world)
             local = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()}
             opt = _build(config, model)
@@ -204,11 +206,13 @@ def _on_ranks(rank: int, world: int, adafactor: dict[str, dict[str, Any]], dtype
             for step in range(STEPS):
                 opt.zero_grad()
                 x, y = _batch(step, dtype, slice(rank * HALF, (rank + 1) * HALF))
-                nn.functional.mse_loss(model(x), y).backward()
+                nn.functional.mse_loss(model(x).float(), y.float()).backward()
                 with _Count() as count:
                     opt.step()
                 counts.append(list(count.calls))
-            out[f"Adafactor/{name}/{dtype_name}"] = {"params": _params(model), "counts": counts, "local": local}
+            state = {k: (type(v).__name__, v.dtype) for k, v in opt.state[model.a.weight].items() if k != "step"}
+            out[f"Adafactor/{name}/{dtype_name}"] = {"params": _params(model), "counts": counts, "local": local,
+                                                     "state": state}
     return out
 
 
@@ -219,7 +223,7 @@ def ranks() -> list[dict[str, Any]]:
             optcore.resolve(config["type"]).target
         except (optcore.OptimizerNotFoundError, optcore.PluginLoadError) as exc:
             pytest.skip(f"optcore-adafactor is not available here: {exc}")
-    return run_ranks(_on_ranks, 2, ADAFACTOR, list(DTYPES), timeout=240)
+    return run_ranks(_on_ranks, 2, {**ADAFACTOR, "bf16": BF16}, list(DTYPES), timeout=240)
 
 
 def test_the_model_has_uneven_and_empty_shards(ranks: list[dict[str, Any]]) -> None:
@@ -293,3 +297,18 @@ def test_statistics_across_shards_not_reduced_are_refused_before_any_collective(
             assert error is not None, f"{name} was built over DTensor shards"
             assert "sharding='factored'" in error and "DTensor" in error and "optcore-adafactor" in error, error
             assert calls == [], f"{name}: collectives before the refusal: {calls}"
+
+
+def test_adafactor_under_fsdp2_steps_bf16_with_fp32_state(ranks: list[dict[str, Any]]) -> None:
+    """bf16 parameters: fp32 math and fp32 state (DTensors placed like the
+    parameter), each parameter written back once; one process within the
+    rounding of bf16 (one ulp: at most 2^-7 of the value)."""
+    want = _one_process(BF16, torch.bfloat16)
+    for rank, result in enumerate(ranks):
+        info = result["Adafactor/bf16/bfloat16"]
+        assert info["state"] == {"exp_avg_sq_row": ("DTensor", torch.float32), "exp_avg_sq_col": ("DTensor", torch.float32),
+                                 "exp_avg": ("DTensor", torch.float32), "RMS": ("Tensor", torch.float32)}
+        for i, (a, b) in enumerate(zip(info["params"], want, strict=True)):
+            assert a.dtype == torch.bfloat16
+            assert torch.all((a.float() - b.float()).abs() <= 2**-7 * b.float().abs() + 1e-6), f"rank {rank}, parameter {i}"
+        assert any(not torch.equal(a, b) for a, b in zip(info["params"], _params(_model(torch.bfloat16))))
