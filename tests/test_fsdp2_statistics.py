@@ -166,7 +166,7 @@ def _adascale_on_ranks(rank: int, world: int, dtype: torch.dtype, accumulate: in
                 (nn.functional.mse_loss(model(x), y) / accumulate).backward()
             opt.step()
         gains.append(opt.gain())
-        counts.append([c for c in count.calls if c == "all_reduce"])
+        counts.append([c for c in count.calls if c in ("all_reduce", "all_gather", "broadcast")])  # not FSDP2's
     return {"params": _params(model), "gains": gains, "progress": opt.progress, "counts": counts}
 
 

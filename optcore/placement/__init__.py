@@ -111,11 +111,19 @@ def begin_first_step(optimizer: Any) -> InitStep | None:
     if optimizer.__dict__.pop(PLACEHOLDER, False):
         optimizer.state.clear()  # DCP's placeholder: the first real step starts fresh
     check_not_reshaped(optimizer)
-    if getattr(optimizer, "sharding", None) == "global":
+    if getattr(optimizer, "sharding", None) == "global" and not _reduces_over_shards(optimizer):
         check_replicated(optimizer)
     optimizer.__dict__[STEPPED] = True
     optimizer.__dict__.pop(BUILT_ON, None)
     return None
+
+
+def _reduces_over_shards(optimizer: Any) -> bool:
+    """Whether every parameter is a DTensor shard (FSDP2: the ranks hold the
+    same global shapes) and the optimizer reduces its statistics over them."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return getattr(optimizer, REDUCES, False) is True and bool(params) and all(
+        hasattr(p, "placements") and hasattr(p, "device_mesh") for p in params)
 
 
 def check_not_reshaped(optimizer: Any) -> None:
