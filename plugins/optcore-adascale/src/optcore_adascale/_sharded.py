@@ -55,6 +55,7 @@ class UnshardedWatch:
 
     def __init__(self, params: list[tuple[int, Tensor]], hook_for: Callable[[int], Callable[[Tensor], None]]) -> None:
         self.waiting: dict[int, int] = {id(p): index for index, p in params}
+        self.params = {id(p): p for _, p in params}
         self.hook_for = hook_for
         self.held: dict[tuple[int, str], int] = {}  # (id(module), name) -> id(sharded param)
         self.walked: set[int] = set()
@@ -67,6 +68,11 @@ class UnshardedWatch:
     @property
     def complete(self) -> bool:
         return not self.waiting
+
+    def unwatched(self) -> list[Tensor]:
+        """The sharded parameters with a gradient whose unsharded stand-in was
+        never found (no forward ran through them while the watch was on)."""
+        return [self.params[i] for i in self.waiting if self.params[i].grad is not None]
 
     def _before(self, module: nn.Module, args: Any) -> None:
         if not self.waiting or id(module) in self.walked:

@@ -430,6 +430,24 @@ class AdaScaleSGD(Optimizer):
         if acc.total is not None and acc.settled != sum(p.grad is not None for g in self.param_groups for p in g["params"]):
             acc.total = None
 
+    def _check_watched(self) -> None:
+        """Under FSDP2: a StepError, before anything changes, if the backward
+        passes recorded the per-worker norms of some sharded parameters and not
+        of others that have gradients (a gain from part of the gradient). With
+        none recorded (DCP's initialisation step, gradients set by hand) the
+        gain is kept, with the one-time warning of :meth:`_warn_unmeasured`."""
+        if not getattr(self, "_fsdp", False) or not self._acc.backwards:
+            return
+        missing = [p for w in self._hook_handles if isinstance(w, _sharded.UnshardedWatch) for p in w.unwatched()]
+        if missing:
+            self._reset_accumulation()
+            raise StepError(
+                f"AdaScaleSGD: {len(missing)} FSDP2 parameters (shapes {[tuple(p.shape) for p in missing[:4]]}) have "
+                "gradients, but no forward pass ran through them after the optimizer was built, so the per-worker "
+                "gradient norms its gain needs were not recorded. Build the optimizer before the forward pass of "
+                "its first step."
+            )
+
     def _check_backwards(self) -> None:
         c, done = self.num_gradients_to_accumulate, self._acc.backwards
         if done and done != c:
@@ -459,6 +477,7 @@ class AdaScaleSGD(Optimizer):
                 f"{_world_size()} ranks; build the optimizer after init_process_group."
             )
         self._check_backwards()
+        self._check_watched()
         if prepared.skip:  # GradScaler found inf/NaN gradients: skip this step's update
             if self._acc.provisional is not None:  # gain() measured inf/NaN gradients: undo
                 for name, value in self._acc.provisional[0].items():
