@@ -25,7 +25,7 @@ from ._registry import resolve
 from ._schema import validate_groups, validate_hparams
 from ._spec import OptimizerSpec
 from ._torch_facts import PARAM_RULES
-from .placement import refuse_kernels_on_shards
+from .placement import refuse_on_shards
 
 #: Plugin-owned config keys, only to name the plugin when none claims one.
 PLUGIN_KEY_HINTS = dict.fromkeys(("precision", "memory_efficient", "loss_scaler"), "optcore-fp16")
@@ -210,7 +210,7 @@ def with_groups(plan_: BuildPlan, groups: list[dict[str, Any]]) -> BuildPlan:
     spec, hparams = plan_.spec, dict(plan_.hparams)
     if any(hasattr(p, "device_mesh") for g in groups for p in g["params"]):  # FSDP2's DTensor shards
         spec = composite.place_sharded_matrices(spec, groups)
-        refuse_kernels_on_shards(spec.name, hparams, groups)
+        refuse_on_shards(spec, hparams, groups)
     _check_overrides(plan_, groups)
     for group in groups:
         # a tensor lr stays a tensor (torch.compile's recipe), one per group: a scheduler fills it in place

@@ -116,11 +116,19 @@ def begin_first_step(optimizer: Any) -> InitStep | None:
     if optimizer.__dict__.pop(PLACEHOLDER, False):
         optimizer.state.clear()  # DCP's placeholder: the first real step starts fresh
     check_not_reshaped(optimizer)
-    if getattr(optimizer, "sharding", None) == "global":
+    if getattr(optimizer, "sharding", None) == "global" and not _reduces_over_shards(optimizer):
         check_replicated(optimizer)
     optimizer.__dict__[STEPPED] = True
     optimizer.__dict__.pop(BUILT_ON, None)
     return None
+
+
+def _reduces_over_shards(optimizer: Any) -> bool:
+    """Whether every parameter is a DTensor shard (FSDP2: the ranks hold the
+    same global shapes) and the optimizer reduces its statistics over them."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return getattr(optimizer, REDUCES, False) is True and bool(params) and all(
+        hasattr(p, "placements") and hasattr(p, "device_mesh") for p in params)
 
 
 def check_not_reshaped(optimizer: Any) -> None:
@@ -311,6 +319,44 @@ def check_replicated(optimizer: Any, group: Any = None) -> None:
         "optcore.distributed.zero_redundancy.",
         problems=[("sharding", "global optimizer on sharded parameters")],
         target=name,
+    )
+
+
+def refuse_on_shards(spec: Any, hparams: Any, groups: list[dict[str, Any]]) -> None:
+    """What the plan refuses over FSDP2's DTensor shards: fused kernels, and
+    statistics across shards that the optimizer does not reduce."""
+    refuse_kernels_on_shards(spec.name, hparams, groups)
+    refuse_unreduced_statistics(spec, groups)
+
+
+#: the class attribute by which an optimizer whose statistics cross shards declares
+#: that it reduces them over the mesh itself (optcore-adafactor, optcore-adascale)
+REDUCES = "reduces_sharded_statistics"
+
+
+def refuse_unreduced_statistics(spec: Any, groups: list[dict[str, Any]]) -> None:
+    """An optimizer whose update uses statistics over a whole tensor
+    (``factored``: Adafactor's row and column means) or over every gradient
+    (``global``: AdaScale's gain), refused over FSDP2's DTensor shards when the
+    plan is made, before any collective, unless its class declares
+    ``reduces_sharded_statistics = True``: stepped shard by shard, it fails on
+    mixed tensors or, worse, computes each rank's statistics from its slice."""
+    kind = getattr(spec.capabilities, "sharding", None)
+    if kind not in ("factored", "global") or getattr(spec.target, REDUCES, False) is True:
+        return
+    sharded = [tuple(p.shape) for g in groups for p in g["params"] if hasattr(p, "placements") and hasattr(p, "device_mesh")]
+    if not sharded:
+        return
+    what = ("row and column statistics and RMS terms over each whole tensor" if kind == "factored"
+            else "statistics over the gradients of every parameter on every rank")
+    raise ConfigError(
+        f"{spec.name} computes {what} (sharding={kind!r}), and {len(sharded)} of its parameters are DTensor shards "
+        f"(FSDP2's fully_shard; shapes {sharded[:4]}{' ...' if len(sharded) > 4 else ''}); it does not declare that it "
+        "reduces them across the mesh, so each rank would compute them from its own slice. Use optcore-adafactor's "
+        "Adafactor or optcore-adascale's AdaScaleSGD (they reduce their statistics under FSDP2), train unsharded "
+        "under DDP, or use an elementwise optimizer (AdamW, SGD, Lion).",
+        problems=[("sharding", f"{kind} optimizer over DTensor parameters")],
+        target=spec.name,
     )
 
 

@@ -31,8 +31,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "Adafactor": {"type": "optcore-adafactor:Adafactor", "weight_decay": 0.01},  # relative step
     "AdaScaleSGD": {"type": "optcore-adascale:AdaScaleSGD", "lr": 0.1, "momentum": 0.9, "num_gradients_to_accumulate": 2},
 }
-#: what FSDP2 steps (elementwise updates over DTensor shards)
-SHARDED = ["AdamW", "SGD", "Lion"]
+#: what FSDP2 steps (elementwise updates over DTensor shards; Adafactor and AdaScaleSGD reduce their statistics)
+SHARDED = ["AdamW", "SGD", "Lion", "Adafactor", "AdaScaleSGD"]
+#: on 2 ranks: one backward each, the two gradient samples the one process accumulates
+ON_RANKS: dict[str, dict[str, Any]] = {"AdaScaleSGD": {"num_gradients_to_accumulate": 1}}
 HALF = 4
 
 
@@ -268,7 +270,7 @@ def _save_on_ranks(rank: int, world: int, names: list[str], root: str) -> dict[s
     out = {}
     for name in names:
         model = _fsdp(_model(), world)
-        opt = _build(name, model)
+        opt = _build(name, model, **ON_RANKS.get(name, {}))
         _train(name, model, opt, range(3), rank=rank)
         _save(model, opt, str(Path(root, name)))
         out[name] = [g.get("fused") for g in opt.param_groups]
@@ -280,7 +282,7 @@ def _resume_on_ranks(rank: int, world: int, names: list[str], root: str) -> dict
     out = {}
     for name in names:
         model = _fsdp(_model(seed=7), world)
-        opt = _build(name, model)
+        opt = _build(name, model, **ON_RANKS.get(name, {}))
         _load(model, opt, str(Path(root, name)))
         fused = [g.get("fused") for g in opt.param_groups]
         _train(name, model, opt, range(3, 5), rank=rank)

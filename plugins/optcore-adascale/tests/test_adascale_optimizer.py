@@ -241,22 +241,6 @@ def test_resolves_by_name_through_the_entry_point() -> None:
     assert isinstance(opt, AdaScaleSGD) and opt.scale == 2.0
 
 
-def test_sharded_dtensor_params_are_refused() -> None:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        weight = torch.nn.Parameter(distribute_tensor(torch.ones(4, 2), init_device_mesh("cpu", (1,)), [Shard(0)]))
-        with pytest.raises(optcore.ConfigError, match="sharded"):
-            AdaScaleSGD([weight], num_gradients_to_accumulate=2)
-    finally:
-        dist.destroy_process_group()
-
-
 # ------------------------------------------------------------ accumulation protocol
 @pytest.mark.parametrize("accum", [2, 3])
 def test_gain_before_step_matches_fairscale_for_each_accumulation(accum) -> None:

@@ -24,7 +24,7 @@ from torch import Tensor
 from optcore import ConfigError, StepError
 from optcore.plugin import Optimizer, prepare_step, validate_hparams
 
-from . import _cpu_kernel
+from . import _cpu_kernel, _sharded
 from ._config import AdafactorConfig
 from .functional import LOW_PRECISION, CompiledUpdate, adafactor_update, relative_step_size, state_shapes
 
@@ -78,6 +78,8 @@ class Adafactor(Optimizer):
     supports_groups: ClassVar[bool] = True
     #: row and column statistics, RMS terms and update clipping are over each whole tensor
     sharding: ClassVar[str] = "factored"
+    #: under FSDP2 those statistics are reduced over the mesh, batched per step (see ._sharded)
+    reduces_sharded_statistics: ClassVar[bool] = True
     #: What a wrapper that flattens parameters should tell the user.
     flat_params_unsupported_reason: ClassVar[str] = (
         "Adafactor factors the second moment of each weight matrix into row and column "
@@ -165,6 +167,12 @@ class Adafactor(Optimizer):
             return prepared.loss
         scale = prepared.scale
         work = [(group, p) for _, group in prepared.groups for p in group["params"] if p.grad is not None]
+        sharded = [(group, p) for group, p in work if _sharded.is_sharded(p)]
+        if sharded:  # FSDP2's DTensor shards: statistics reduced over the mesh (see _sharded)
+            work = [(group, p) for group, p in work if not _sharded.is_sharded(p)]
+            for group, p in sharded:
+                self._check(group, p)
+                _sharded.reduce_group(p, lambda: self._where(group, p))
         batch = None if torch.compiler.is_compiling() else _cpu_kernel.Batch.new()
         native, functional = self._route(work, batch, scale)
         if batch is not None:
@@ -178,6 +186,10 @@ class Adafactor(Optimizer):
             state["step"] += 1
         for group, p in functional:
             self._update(group, p, 1.0 / scale)
+        if sharded:
+            for group, p in sharded:
+                _sharded.init_state(self, group, p)
+            _sharded.step(self, sharded, 1.0 / scale)
         return prepared.loss
 
     def _route(

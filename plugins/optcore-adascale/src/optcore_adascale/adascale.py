@@ -45,11 +45,12 @@ from optcore import ConfigError, StepError
 from optcore.plugin import GroupSelector, Optimizer, prepare_step, validate_hparams
 
 from ._config import AdaScaleSGDConfig
+from . import _sharded
 from ._errors import AccumulationError
 
 _F64 = torch.float64
 #: attributes that a pickle or deep copy carries besides torch's defaults, state and groups.
-_PICKLED = ("world_size", "num_gradients_to_accumulate", "is_scaled_loss", "debias_ewma",
+_PICKLED = ("world_size", "_fsdp", "num_gradients_to_accumulate", "is_scaled_loss", "debias_ewma",
             "_smoothing", "_scale", "_progress", "_avg", "_device")
 #: AdaScale's own hyper-parameters: global, so they live on the optimizer, not in param groups.
 _GLOBAL_HPARAMS = ("num_gradients_to_accumulate", "scale", "smoothing", "is_scaled_loss", "debias_ewma")
@@ -59,7 +60,9 @@ _ESTIMATES = ("grad_sqr_avg", "grad_var_avg")
 def _squared_norm(t: Tensor) -> Tensor:
     """``|t|^2`` as a 0-d tensor, accumulated in fp32 or the tensor's own
     precision if higher (fp64). Dense fp32/fp64 use BLAS ``dot`` (on CPU faster
-    than torch's norm reduction, which barely uses a second thread)."""
+    than torch's norm reduction, which barely uses a second thread). A DTensor
+    (an FSDP2 shard) gives its local shard's: the caller sums over ranks."""
+    t = _sharded.local(t)
     if t.dtype in (torch.float32, torch.float64) and t.is_contiguous():
         flat = t.view(-1)
         return torch.dot(flat, flat)
@@ -89,14 +92,6 @@ def _chunks(params: list[Tensor]) -> list[list[Tensor]]:
     if params[0].device.type == "cpu" and not torch.compiler.is_compiling():
         return [[p] for p in params]
     return [params]
-
-
-def _is_sharded(t: Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without distributed support
-        return False
-    return isinstance(t, DTensor)
 
 
 def _world_size() -> int:
@@ -161,6 +156,8 @@ class AdaScaleSGD(Optimizer):
     supports_groups: ClassVar[bool] = False
     #: the gain is one statistic over every gradient of every parameter
     sharding: ClassVar[str] = "global"
+    #: under FSDP2 the statistics are all-reduced over the shards and ranks, once per step
+    reduces_sharded_statistics: ClassVar[bool] = True
     #: read by optcore when a state_dict loads: momentum_buffer has the parameter's shape
     state_shapes: ClassVar[str] = "elementwise"
     #: GradScaler hands over grad_scale / found_inf instead of unscaling .grad, which
@@ -213,12 +210,8 @@ class AdaScaleSGD(Optimizer):
         self._totals: list[list[Tensor]] = []  # per group (one process): |.grad|^2 after the last backward
         defaults = {k: hp[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov")}
         super().__init__(params, defaults)
-        if any(_is_sharded(p) for g in self.param_groups for p in g["params"]):
-            raise ConfigError(
-                "AdaScaleSGD cannot step sharded (DTensor / FSDP) parameters: its variance estimate needs "
-                "each worker's whole gradient before averaging. Use DDP (gradient accumulation under "
-                "no_sync works), or an optimizer without cross-worker statistics."
-            )
+        #: FSDP2's DTensor shards: the per-worker norms come from the unsharded stand-ins
+        self._fsdp = any(_sharded.is_sharded(p) for g in self.param_groups for p in g["params"])
 
         self.num_gradients_to_accumulate: int = hp["num_gradients_to_accumulate"]
         self.is_scaled_loss: bool = hp["is_scaled_loss"]
@@ -287,8 +280,11 @@ class AdaScaleSGD(Optimizer):
 
             return record, settle
 
+        sharded = [(index, p) for p in group["params"] if p.requires_grad and _sharded.is_sharded(p)]
+        if sharded:  # FSDP2: autograd writes the gradients of unsharded stand-ins (see _sharded)
+            self._hook_handles.append(_sharded.UnshardedWatch(sharded, lambda _: watch(None)[0]))
         for p in group["params"]:
-            if p.requires_grad:
+            if p.requires_grad and not _sharded.is_sharded(p):
                 record, settle = watch(p)
                 self._hook_handles.append(p.register_hook(record))
                 if self.world_size == 1:
@@ -304,7 +300,13 @@ class AdaScaleSGD(Optimizer):
         if self._acc.backwards != self.num_gradients_to_accumulate:
             return
         local = torch.stack([_sum64(parts, self._device) for parts in self._pending])
-        if self.world_size > 1:
+        if getattr(self, "_fsdp", False):  # the shards' .grad are reduced by now: |g|^2 travels with the per-worker sums
+            shards = [[_squared_norm(p.grad) for p in g["params"] if p.grad is not None] for g in self.param_groups]
+            both = torch.cat([local, torch.stack([_sum64(parts, self._device) for parts in shards])])
+            dist.all_reduce(both)
+            local, self._acc.total = both[: len(local)], both[len(local) :]
+            self._acc.settled = sum(len(parts) for parts in shards)
+        elif self.world_size > 1:
             dist.all_reduce(local)
         else:  # |.grad|^2 of every param the last pass reached
             self._acc.total = torch.stack([_sum64(parts, self._device) for parts in self._totals])
@@ -428,6 +430,24 @@ class AdaScaleSGD(Optimizer):
         if acc.total is not None and acc.settled != sum(p.grad is not None for g in self.param_groups for p in g["params"]):
             acc.total = None
 
+    def _check_watched(self) -> None:
+        """Under FSDP2: a StepError, before anything changes, if the backward
+        passes recorded the per-worker norms of some sharded parameters and not
+        of others that have gradients (a gain from part of the gradient). With
+        none recorded (DCP's initialisation step, gradients set by hand) the
+        gain is kept, with the one-time warning of :meth:`_warn_unmeasured`."""
+        if not getattr(self, "_fsdp", False) or not self._acc.backwards:
+            return
+        missing = [p for w in self._hook_handles if isinstance(w, _sharded.UnshardedWatch) for p in w.unwatched()]
+        if missing:
+            self._reset_accumulation()
+            raise StepError(
+                f"AdaScaleSGD: {len(missing)} FSDP2 parameters (shapes {[tuple(p.shape) for p in missing[:4]]}) have "
+                "gradients, but no forward pass ran through them after the optimizer was built, so the per-worker "
+                "gradient norms its gain needs were not recorded. Build the optimizer before the forward pass of "
+                "its first step."
+            )
+
     def _check_backwards(self) -> None:
         c, done = self.num_gradients_to_accumulate, self._acc.backwards
         if done and done != c:
@@ -457,6 +477,7 @@ class AdaScaleSGD(Optimizer):
                 f"{_world_size()} ranks; build the optimizer after init_process_group."
             )
         self._check_backwards()
+        self._check_watched()
         if prepared.skip:  # GradScaler found inf/NaN gradients: skip this step's update
             if self._acc.provisional is not None:  # gain() measured inf/NaN gradients: undo
                 for name, value in self._acc.provisional[0].items():
