@@ -31,18 +31,7 @@ import placements  # noqa: E402
 FSDP2_CELLS = ("fsdp2", "dcp-2to1", "dcp-1to2")  # the DCP resumes run FSDP2 on the ranks
 
 #: (row, placement) -> why it fails today; delete the entry when the named work lands
-KNOWN: dict[tuple[str, str], str] = {
-    **{
-        ("torch:Adafactor", p): "torch's Adafactor squares a _NormPartial DTensor in place (aten.pow_.Scalar); "
-        "issue 27 item 2 (branch i27f): make it work through optcore or refuse it with a ConfigError"
-        for p in FSDP2_CELLS
-    },
-    **{
-        ("Adafactor (optcore-adafactor)", p): "its factored statistics mix Tensor and DTensor over FSDP2 shards; "
-        "issue 27 item 2 (branch i27f): reduce row/column statistics across the mesh"
-        for p in FSDP2_CELLS
-    },
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 class NormalisedSGD(torch.optim.Optimizer):

@@ -17,7 +17,7 @@ all-reduces per step whatever the number of parameters:
 Everything else is elementwise or along a dim no rank splits, and is done on
 the local tensors (``to_local()``: plain tensor ops, no DTensor dispatch).
 The update is the one :func:`.functional.adafactor_update` writes down, with
-its reductions taken as above; tests/test_fsdp2_statistics.py checks it
+its reductions taken as above; tests/distributed/test_fsdp2_statistics.py checks it
 against one process on the full batch.
 
 The state is kept as DTensors of the parameter's placements (the row
