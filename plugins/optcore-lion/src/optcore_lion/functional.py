@@ -23,7 +23,7 @@ The backends, chosen in :func:`lion` and nowhere else:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -37,7 +37,7 @@ Tensors = list[Tensor]
 
 
 def lion_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weight_decay: Scalar,
-                beta1: Scalar, beta2: Scalar, gscale: Scalar = 1.0, c: Tensors | None = None) -> None:
+                beta1: Scalar, beta2: Scalar, gscale: Scalar = 1.0, c: Sequence[Tensor] | None = None) -> None:
     """One Lion step, in place, on matching lists of parameters, gradients and momenta.
 
     ``gscale`` multiplies the gradient (``1/scale`` for a scaled loss, negative
@@ -57,7 +57,7 @@ def lion_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scala
     _axpy_(exp_avgs, (1 - beta2) * gscale, grads)           # m = m + (1 - beta2) * g
 
 
-def _mul(xs: Tensors, a: Scalar, out: Tensors | None) -> Tensors:
+def _mul(xs: Tensors, a: Scalar, out: Sequence[Tensor] | None) -> Sequence[Tensor]:
     """``a * x`` for each ``x``, into ``out`` when given (``_foreach_mul`` has no ``out=``)."""
     if out is None:
         return torch._foreach_mul(xs, a)
@@ -66,7 +66,7 @@ def _mul(xs: Tensors, a: Scalar, out: Tensors | None) -> Tensors:
     return out
 
 
-def _axpy_(ys: Tensors, a: Scalar, xs: Tensors) -> None:
+def _axpy_(ys: Sequence[Tensor], a: Scalar, xs: Sequence[Tensor]) -> None:
     """``y += a * x`` for each pair; ``alpha`` takes only numbers, so a 0-d tensor ``a`` multiplies."""
     if isinstance(a, Tensor):
         torch._foreach_addcmul_(ys, xs, [a] * len(xs))
@@ -133,14 +133,15 @@ def _piecewise(ps: Tensors, gs: Tensors, ms: Tensors, **hp: Any) -> None:
             _in_state_dtype(lion_update, pp, pg, pm, **hp)
             continue
         dtype = pm[0].dtype
-        if dtype not in scratch:
-            scratch[dtype] = torch.empty(3, _CHUNK, dtype=dtype, device=pm[0].device)
-        rows = scratch[dtype][:, :sum(sizes)]
-        c = list(rows[0].split(sizes))
+        buf = scratch.get(dtype)
+        if buf is None:
+            buf = scratch[dtype] = torch.empty(3, _CHUNK, dtype=dtype, device=pm[0].device)
+        n = sum(sizes)
+        c = buf[0, :n].split_with_sizes(sizes)
         if pp[0].dtype == dtype:
             lion_update(pp, pg, pm, **hp, c=c)
             continue
-        work, wgrads = list(rows[1].split(sizes)), list(rows[2].split(sizes))
+        work, wgrads = buf[1, :n].split_with_sizes(sizes), buf[2, :n].split_with_sizes(sizes)
         torch._foreach_copy_(work, pp)
         torch._foreach_copy_(wgrads, pg)
         lion_update(work, wgrads, pm, **hp, c=c)
