@@ -2,28 +2,28 @@
 
 Native optimizers subclass :class:`Optimizer`; :mod:`._adapt` mixes
 :class:`ContractMixin` in front of torch and third-party classes. A state dict
-records its saver and the shapes of the parameters with state, which
-:mod:`._checkpoint` checks before loading.
+records its saver and the shapes of the parameters with state, which are
+checked before loading; :mod:`optcore.placement` keeps these records through
+DCP and takes norms and averages over ranks.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from ._checkpoint import IMPLEMENTATION_KEYS, RECORD, carry_extras, check_identity, group_record, lift_extras
 from ._errors import ConfigError, StepError
-from ._grads import by_device_and_dtype, params_with_grad, shard_norm, total_grad_norm
 from ._values import clean_text
+from .grads import multiply, params_with_grad
 from .guards import check_state_dict
-from .placement import PLACEHOLDER, check_dcp_layout
+from .placement import _dcp, check_dcp_layout
 from .placement import install as install_first_step_checks
+from .placement._ranks import average, clip_by_norm
 
 GroupSelector = Sequence[int | str] | int | str | None
 
@@ -63,11 +63,7 @@ class ContractMixin:
         init = vars(cls).get("__init__", cls.__init__)
         if not hasattr(init, "__optcore_carried__") and init is not object.__init__:
             cls.__init__ = _installing(init)  # type: ignore[misc]
-        # a subclass's own entries (AdaScale's estimates) travel in the first group's record too
-        if "state_dict" in vars(cls) and not hasattr(vars(cls)["state_dict"], "__optcore_carried__"):
-            cls.state_dict = _carrying(vars(cls)["state_dict"])  # type: ignore[method-assign]
-        if "load_state_dict" in vars(cls) and not hasattr(vars(cls)["load_state_dict"], "__optcore_carried__"):
-            cls.load_state_dict = _lifting(vars(cls)["load_state_dict"])  # type: ignore[method-assign]
+        _dcp.carry(cls)  # a subclass's own entries (AdaScale's estimates) travel in the first group's record too
 
     @property
     def optimizer_config(self) -> dict[str, Any]:
@@ -113,10 +109,7 @@ class ContractMixin:
         loss.backward()
 
     def multiply_grads(self, c: float | Tensor) -> None:
-        if not isinstance(c, Tensor) and c == 1.0:
-            return
-        for (device, _), grads in by_device_and_dtype(p.grad for p in params_with_grad(self.param_groups)).items():
-            torch._foreach_mul_(grads, c.to(device) if isinstance(c, Tensor) else c)
+        multiply([p.grad for p in params_with_grad(self.param_groups)], c)
 
     def clip_grad_norm(
         self,
@@ -128,12 +121,7 @@ class ContractMixin:
         grads = [p.grad for p in params_with_grad(self.param_groups)]
         if not grads and self.shard_group is None:
             return torch.zeros(())
-        total = shard_norm(total_grad_norm(grads), self.shard_group)
-        if aggregate_norm_fn is not None:
-            total = aggregate_norm_fn(total)
-        if max_norm > 0 and bool(torch.isfinite(total)):
-            self.multiply_grads((max_norm / (total + 1e-6)).clamp(max=1.0))
-        return total
+        return clip_by_norm(grads, max_norm, self.multiply_grads, self.shard_group, aggregate_norm_fn)
 
     @torch.no_grad()
     def average_params(self, group: Any = None) -> None:
@@ -159,13 +147,7 @@ class ContractMixin:
                     for v in self.state.get(p, {}).values()
                     if isinstance(v, Tensor) and v.is_floating_point() and v.shape == p.shape
                 )
-        _check_ranks_agree(tensors, group)
-        for bucket in by_device_and_dtype(tensors).values():
-            flat = torch.cat([t.reshape(-1) for t in bucket])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-            flat.div_(world)
-            for t, chunk in zip(bucket, flat.split([t.numel() for t in bucket])):
-                t.copy_(chunk.view_as(t))
+        average(tensors, group)
 
     def __getstate__(self) -> dict[str, Any]:
         """Every attribute (docs/contract.md) but a ``step`` an LR scheduler bound
@@ -181,24 +163,7 @@ class ContractMixin:
         state_dict = super().state_dict()  # type: ignore[misc]
         if type(self).state_dict is ContractMixin.state_dict:  # not a subclass's own (checked when it returns)
             check_dcp_layout(self, state_dict)
-        spec = getattr(self, "optcore_spec", None)
-        if spec is None or not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
-            return state_dict
-        shapes: dict[int, list[int]] = {}
-        for saved, group in zip(state_dict["param_groups"], self.param_groups):
-            for index, param in zip(saved.get("params", ()), group["params"]):
-                if index in state_dict.get("state", {}):
-                    shapes[index] = list(param.shape)
-        # a plain str: torch's TorchVersion would not load with weights_only=True
-        version = None if spec.version is None else str.__str__(spec.version)
-        record = dict(name=spec.name, provider=spec.provider, version=version)
-        state_dict[RECORD] = dict(record, param_shapes=shapes)
-        # DCP keeps param_groups only: each group carries the record (and whether the
-        # state is DCP's placeholder, for the next step to start fresh after a resume)
-        fresh = bool(self.__dict__.get(PLACEHOLDER, False))
-        for saved in state_dict["param_groups"]:
-            saved[RECORD] = dict(record, fresh=fresh)
-        return state_dict
+        return _dcp.add_records(self, state_dict)
 
     def load_state_dict(  # type: ignore[override]
         self,
@@ -209,11 +174,7 @@ class ContractMixin:
         dict is checked against the parameters only."""
         if not isinstance(state_dict, Mapping):
             raise ConfigError(f"load_state_dict takes an optimizer's state_dict (a mapping), got {type(state_dict).__name__}.")
-        in_groups = group_record(state_dict)
-        record = state_dict.get(RECORD, in_groups)
-        if isinstance(record, Mapping):
-            check_identity(self, record)
-        state_dict = self._without_records(state_dict)
+        record, in_groups, state_dict = _dcp.take_records(self, state_dict)
         check_state_dict(self, state_dict, record.get("param_shapes") if isinstance(record, Mapping) else None)
         try:
             super().load_state_dict(state_dict)  # type: ignore[misc]
@@ -223,7 +184,7 @@ class ContractMixin:
                 "damaged or not this optimizer's; load the one that was saved, or skip load_state_dict to start fresh.",
                 problems=[("state_dict", type(exc).__name__)],
             ) from exc
-        _loaded(self, in_groups)
+        _dcp.loaded(self, in_groups)
         if optimizer_overrides:
             known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
             unknown = sorted(set(optimizer_overrides) - known)
@@ -243,22 +204,6 @@ class ContractMixin:
                     else:
                         group[key] = value
             self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
-
-    def _without_records(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
-        """``state_dict`` without optcore's records, and each saved group with this
-        optimizer's implementation choice (``fused``, ``foreach``, a plugin's
-        ``compiled`` or ``implementation``): the plan made it for the parameters
-        as they are now placed, which a checkpoint from one process may not fit
-        (fused kernels have no DTensor rules)."""
-        state_dict = {k: v for k, v in state_dict.items() if k != RECORD}
-        groups = state_dict.get("param_groups")
-        if isinstance(groups, list) and all(isinstance(g, Mapping) for g in groups):
-            live = self.param_groups if len(self.param_groups) == len(groups) else [{}] * len(groups)
-            state_dict["param_groups"] = [
-                {**{k: v for k, v in saved.items() if k != RECORD}, **{k: g[k] for k in IMPLEMENTATION_KEYS if k in g}}
-                for saved, g in zip(groups, live)
-            ]
-        return state_dict
 
     def _select_groups(self, groups: GroupSelector) -> list[dict[str, Any]]:
         """The groups named by index or config ``name`` (every group of that name:
@@ -341,14 +286,6 @@ class ContractMixin:
         return original(self, closure)
 
 
-def _loaded(optimizer: Any, record: Mapping[str, Any] | None) -> None:
-    """After a load: the state is the checkpoint's, not DCP's placeholder, unless
-    the checkpoint was saved before any step (then the next step starts fresh)."""
-    optimizer.__dict__.pop(PLACEHOLDER, None)
-    if record is not None and record.get("fresh") is True:
-        optimizer.__dict__[PLACEHOLDER] = True
-
-
 def _installing(init: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(init)
     def installing(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -357,33 +294,6 @@ def _installing(init: Callable[..., Any]) -> Callable[..., Any]:
 
     installing.__optcore_carried__ = True  # type: ignore[attr-defined]
     return installing
-
-
-def _carrying(state_dict: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(state_dict)
-    def carrying(self: Any) -> Any:
-        saved = carry_extras(state_dict(self))
-        if type(self).state_dict is carrying:  # the class's own, not a base class's called by it
-            check_dcp_layout(self, saved)
-        if self.__dict__.get(PLACEHOLDER, False) and group_record(saved) is not None:
-            for group in saved["param_groups"]:  # a wrapper's placeholder state is its inner optimizer's
-                group[RECORD] = {**group[RECORD], "fresh": True}
-        return saved
-
-    carrying.__optcore_carried__ = True  # type: ignore[attr-defined]
-    return carrying
-
-
-def _lifting(load_state_dict: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(load_state_dict)
-    def lifting(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
-        record = group_record(state_dict) if isinstance(state_dict, Mapping) else None
-        result = load_state_dict(self, lift_extras(state_dict), *args, **kwargs)
-        _loaded(self, record)
-        return result
-
-    lifting.__optcore_carried__ = True  # type: ignore[attr-defined]
-    return lifting
 
 
 def param_groups_assignable(cls: type) -> bool:
@@ -406,25 +316,3 @@ class Optimizer(ContractMixin, torch.optim.Optimizer):
     ) -> float | None:
         raise NotImplementedError(f"{type(self).__name__} must implement step(closure, scale, groups)")
 
-
-def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
-    """The same :class:`ConfigError` on every rank unless all average the same
-    tensors: one all-gather of (count, elements, checksum of dtypes and shapes)."""
-    dist = torch.distributed
-    device = tensors[0].device if tensors else torch.device("cpu")
-    if dist.get_backend(group) == "nccl" and device.type != "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    layout = zlib.crc32(";".join(f"{t.dtype}{tuple(t.shape)}" for t in tensors).encode())
-    mine = torch.tensor([len(tensors), sum(t.numel() for t in tensors), layout], dtype=torch.int64, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=group)
-    signatures = [t.tolist() for t in gathered]
-    if any(sig != signatures[0] for sig in signatures):
-        lines = [f"  rank {r}: {n} tensors, {e} elements, layout {c:08x}" for r, (n, e, c) in enumerate(signatures)]
-        raise ConfigError(
-            "average_params: the ranks do not hold the same parameters and optimizer state, so there is "
-            "nothing consistent to average:\n" + "\n".join(lines) + "\n"
-            "Optimizer state appears on the first step: call average_params on every rank after the same "
-            "number of steps, with the same model and optimizer config.",
-            problems=[("average_params", "ranks disagree")],
-        )

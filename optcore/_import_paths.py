@@ -19,7 +19,7 @@ from ._names import close_matches, normalize
 from ._packages import KNOWN_PACKAGES, importable_classes, is_installed, what_it_is
 from ._plugins import entry_points
 from ._spec import OptimizerSpec
-from .guards import judging_only, locate
+from .guards import judging_only, locate, not_judged, paths_turned_off
 
 _OFF = {"0", "false", "no", "off"}
 KIND_CLASSES = {
@@ -57,16 +57,7 @@ class ImportPaths:
             return declared
         if not allowed:
             known = self._index().get(normalize(attr))
-            also = f" {attr!r} is a known name: use type={known[0].qualified!r}." if known else ""
-            raise ConfigError(
-                f"type {short_repr(text, 120)} is an import path, and import paths are turned off "
-                f"(allow_import_paths=False or OPTCORE_ALLOW_IMPORT_PATHS=0), so no module is imported for a config. "
-                f"Name a known {self.kind} instead (`optcore list`), or register the class in code and use its name: "
-                f"`optcore.register_{self.kind}({attr!r}, {module}.{attr})`, or declare it as an entry point in group "
-                f"{self.group!r}.{also}",
-                problems=[("type", "import paths are turned off")],
-                target=text,
-            )
+            raise paths_turned_off(text, self.kind, self.group, module, attr, known[0].qualified if known else None)
         top = module.partition(".")[0]
         if not is_installed(top):
             raise self._not_found(
@@ -123,17 +114,7 @@ class ImportPaths:
         origin = locate(module)
         if origin is None:
             return self._not_found(text, [f"import path {module}"], [], hint=f"There is no module {module!r}.")
-        return ConfigError(
-            f"type {short_repr(text, 120)} is an import path to module {module} ({clean_text(origin, 200)}), "
-            "which is not imported, and this command does not import it: importing runs the module's code, and a "
-            "check must not run the code it judges. A build imports it. To judge it here, run the command with "
-            f"--import-modules (which runs the module), or register the class and name it "
-            f"(`optcore.register_{self.kind}({attr!r}, {module}.{attr})`) or declare it as an entry point in group "
-            f"{self.group!r}. Where configs come from others, turn import paths off in builds too: "
-            "OPTCORE_ALLOW_IMPORT_PATHS=0 (or allow_import_paths=False).",
-            problems=[("type", "import path not imported by a check")],
-            target=text,
-        )
+        return not_judged(text, self.kind, self.group, module, attr, origin)
 
     def _declared(self, module: str, attr: str) -> OptimizerSpec | None:
         """The registered or entry-point spec whose object is ``module:attr`` (imports nothing)."""

@@ -7,7 +7,7 @@ every load, step or config, and names what is wrong; nothing here changes
 what it is given or runs code it judges.
 """
 
-from ._imports import judging_only, locate, without_imports
+from ._imports import judging_only, locate, not_judged, paths_turned_off, without_imports
 from ._kernel_inputs import check_fused_inputs
 from ._nesting import MAX_DEPTH, MAX_NODES, check_nesting
 from ._patterns import PatternError, compile_pattern
@@ -24,5 +24,7 @@ __all__ = [
     "compile_pattern",
     "judging_only",
     "locate",
+    "not_judged",
+    "paths_turned_off",
     "without_imports",
 ]

@@ -13,6 +13,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from .._errors import ConfigError
+from .._values import clean_text, short_repr
+
 _judging_only: ContextVar[bool] = ContextVar("optcore_judging_only", default=False)
 
 
@@ -59,3 +62,35 @@ def _find_spec(finder: Any, name: str, path: Any) -> Any:
 def judging_only() -> bool:
     """Whether the caller is inside :func:`without_imports`."""
     return _judging_only.get()
+
+
+def paths_turned_off(text: str, kind: str, group: str, module: str, attr: str, known: str | None) -> ConfigError:
+    """The error for import path ``text`` (``module:attr``) in a config while
+    import paths are turned off; ``known`` is the qualified name of a known
+    ``kind`` of the same name."""
+    also = f" {attr!r} is a known name: use type={known!r}." if known else ""
+    return ConfigError(
+        f"type {short_repr(text, 120)} is an import path, and import paths are turned off "
+        f"(allow_import_paths=False or OPTCORE_ALLOW_IMPORT_PATHS=0), so no module is imported for a config. "
+        f"Name a known {kind} instead (`optcore list`), or register the class in code and use its name: "
+        f"`optcore.register_{kind}({attr!r}, {module}.{attr})`, or declare it as an entry point in group "
+        f"{group!r}.{also}",
+        problems=[("type", "import paths are turned off")],
+        target=text,
+    )
+
+
+def not_judged(text: str, kind: str, group: str, module: str, attr: str, origin: str) -> ConfigError:
+    """The error for an import path to a module found at ``origin`` but not
+    imported, met by a command that judges a config (:func:`without_imports`)."""
+    return ConfigError(
+        f"type {short_repr(text, 120)} is an import path to module {module} ({clean_text(origin, 200)}), "
+        "which is not imported, and this command does not import it: importing runs the module's code, and a "
+        "check must not run the code it judges. A build imports it. To judge it here, run the command with "
+        f"--import-modules (which runs the module), or register the class and name it "
+        f"(`optcore.register_{kind}({attr!r}, {module}.{attr})`) or declare it as an entry point in group "
+        f"{group!r}. Where configs come from others, turn import paths off in builds too: "
+        "OPTCORE_ALLOW_IMPORT_PATHS=0 (or allow_import_paths=False).",
+        problems=[("type", "import path not imported by a check")],
+        target=text,
+    )

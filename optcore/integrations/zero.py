@@ -14,17 +14,18 @@ gradient norm over every shard, parameters averaged whole.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._adapt import adapt
-from .._contract import ContractMixin, GroupSelector, _check_ranks_agree
+from .._contract import ContractMixin, GroupSelector
 from .._errors import ConfigError
-from .._grads import by_device_and_dtype, params_with_grad, shard_norm, total_grad_norm
 from .._plan import plan
+from ..grads import multiply, params_with_grad
+from ..placement._ranks import average, clip_by_norm
 
 #: The ``sharding`` kinds whose update ZeRO's whole-tensor shards leave unchanged:
 #: each parameter's update needs only that parameter (and its gradient and state).
@@ -143,20 +144,16 @@ def sharded_class() -> type:
 
         def multiply_grads(self, c: float | Tensor) -> None:
             """Every parameter's gradient (each rank holds all of them after DDP's all-reduce)."""
-            _multiply([p.grad for p in self._all_params if p.grad is not None], c)
+            multiply([p.grad for p in self._all_params if p.grad is not None], c)
 
         def clip_grad_norm(
             self, max_norm: float, aggregate_norm_fn: Callable[[Tensor], Tensor] | None = None
         ) -> Tensor:
             """The norm of the gradients over every rank's shard; all gradients are
             scaled, so every rank's stay equal to those of the unsharded run."""
-            total = shard_norm(total_grad_norm([p.grad for p in params_with_grad(self.optim.param_groups)]),
-                               self.process_group, self._default_device)
-            if aggregate_norm_fn is not None:
-                total = aggregate_norm_fn(total)
-            if max_norm > 0 and bool(torch.isfinite(total)):
-                self.multiply_grads((max_norm / (total + 1e-6)).clamp(max=1.0))
-            return total
+            grads = [p.grad for p in params_with_grad(self.optim.param_groups)]
+            return clip_by_norm(grads, max_norm, self.multiply_grads, self.process_group, aggregate_norm_fn,
+                                self._default_device)
 
         @torch.no_grad()
         def average_params(self, group: Any = None) -> None:
@@ -166,14 +163,7 @@ def sharded_class() -> type:
             group = self.process_group if group is None else group
             if dist.get_world_size(group) == 1:
                 return
-            tensors = [p.data for p in self._all_params]
-            _check_ranks_agree(tensors, group)
-            for bucket in by_device_and_dtype(tensors).values():
-                flat = torch.cat([t.reshape(-1) for t in bucket])
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-                flat.div_(dist.get_world_size(group))
-                for t, chunk in zip(bucket, flat.split([t.numel() for t in bucket])):
-                    t.copy_(chunk.view_as(t))
+            average([p.data for p in self._all_params], group)
 
         def step(  # type: ignore[override]
             self, closure: Callable[[], float] | None = None, scale: float = 1.0, groups: GroupSelector = None
@@ -194,9 +184,3 @@ def sharded_class() -> type:
 
     return ShardedOptimizer
 
-
-def _multiply(grads: Sequence[Tensor], c: float | Tensor) -> None:
-    if not isinstance(c, Tensor) and c == 1.0:
-        return
-    for (device, _), bucket in by_device_and_dtype(grads).items():
-        torch._foreach_mul_(bucket, c.to(device) if isinstance(c, Tensor) else c)

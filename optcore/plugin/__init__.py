@@ -21,7 +21,7 @@ _LAZY = {
     name: module
     for module, names in {
         "optcore._contract": "Optimizer ContractMixin GroupSelector",
-        "optcore._grads": "by_device_and_dtype total_grad_norm",
+        "optcore.grads": "by_device_and_dtype total_grad_norm",
         "optcore._adapt": "adapt",
         "optcore._fields": "HParams LR Beta Betas Eps WeightDecay Momentum Flag OptionalFlag Literalish",
         "optcore._schema": "validate_hparams schema_from_signature",
@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from optcore._adapt import adapt
     from optcore._contract import ContractMixin, GroupSelector, Optimizer
     from optcore._fields import LR, Beta, Betas, Eps, Flag, HParams, Literalish, Momentum, OptionalFlag, WeightDecay
-    from optcore._grads import by_device_and_dtype, total_grad_norm
+    from optcore.grads import by_device_and_dtype, total_grad_norm
     from optcore._hooks import hookimpl
     from optcore._literals import parse_literal, parse_optim_args
     from optcore._schema import schema_from_signature, validate_hparams

@@ -15,7 +15,7 @@ MOVED = {
     name: (module, where)
     for module, where, names in [
         ("optcore._contract", "optcore.plugin", "ContractMixin GroupSelector"),
-        ("optcore._grads", "optcore.plugin", "by_device_and_dtype total_grad_norm"),
+        ("optcore.grads", "optcore.plugin", "by_device_and_dtype total_grad_norm"),
         ("optcore._adapt", "optcore.plugin", "adapt"),
         ("optcore._fields", "optcore.plugin", "HParams LR Beta Betas Eps WeightDecay Momentum Flag OptionalFlag Literalish"),
         ("optcore._schema", "optcore.plugin", "validate_hparams schema_from_signature"),

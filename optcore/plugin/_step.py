@@ -31,10 +31,13 @@ class PreparedStep:
     loss: Any
     #: the gradients are divided by this: ``step(scale=)`` times GradScaler's ``grad_scale``
     scale: float
-    #: ``(index in param_groups, group)`` of each group to update; empty when skipped
+    #: ``(index in param_groups, group)`` of each group to update; empty when skipped, and
+    #: when ``check_grads=False`` steps all groups (``param_groups`` is not read then)
     groups: list[tuple[int, dict[str, Any]]]
     #: GradScaler found inf/NaN gradients: update nothing this step
     skip: bool = False
+    #: the positions in ``param_groups`` of the groups ``groups=`` selected; ``None`` for all
+    indices: list[int] | None = None
 
     def params(self) -> Iterator[tuple[int, dict[str, Any], int, Tensor]]:
         """``(group index, group, position in the group, parameter)`` of every parameter with a gradient."""
@@ -56,6 +59,8 @@ def prepare_step(
     closure: Callable[[], Any] | None = None,
     scale: float = 1.0,
     groups: GroupSelector = None,
+    *,
+    check_grads: bool = True,
 ) -> PreparedStep:
     """The start of ``optimizer.step(closure, scale, groups)``, in torch's order:
 
@@ -67,6 +72,12 @@ def prepare_step(
     4. with GradScaler's ``found_inf`` set, the step is skipped (``skip``);
     5. every gradient must be dense, and every state tensor of a parameter must
        have the shape the class's ``state_shapes`` rule gives.
+
+    A wrapper whose step hands the gradients to an inner optimizer (the
+    precision wrappers), which checks its own, passes ``check_grads=False``:
+    step 5 is left out, and without ``groups`` neither the parameters nor
+    ``param_groups`` are read, so torch.compile traces the preamble over a
+    wrapper's group views.
 
     Any failure is a :class:`~optcore.StepError` raised before anything is
     updated; the optimizer's own checks (a kernel's needs) follow, then the update.
@@ -80,15 +91,21 @@ def prepare_step(
     scale = float(scale) * (float(grad_scale) if grad_scale is not None else 1.0)
     if not (math.isfinite(scale) and scale > 0):
         raise StepError(f"{name}.step: scale must be a positive finite number (the loss scale), got {scale}.")
-    selected = optimizer.param_groups if groups is None else optimizer._select_groups(groups)
-    if len(selected) != len(optimizer.param_groups) and not getattr(optimizer, "supports_groups", True):
+    selected = None if groups is None else optimizer._select_groups(groups)
+    if selected is not None and len(selected) != len(optimizer.param_groups) and not getattr(
+            optimizer, "supports_groups", True):
         raise StepError(f"{name} steps all param groups at once (supports_groups is False); step without groups=, "
                         "or give the groups their own lr instead.")
     found_inf = getattr(optimizer, "found_inf", None)
     if found_inf is not None and float(found_inf):
         return PreparedStep(loss, scale, [], skip=True)
-    indices = {id(group): index for index, group in enumerate(optimizer.param_groups)}
-    prepared = PreparedStep(loss, scale, [(indices[id(group)], group) for group in selected])
+    if selected is None and not check_grads:
+        return PreparedStep(loss, scale, [])
+    positions = {id(group): index for index, group in enumerate(optimizer.param_groups)}
+    chosen = [(positions[id(group)], group) for group in (optimizer.param_groups if selected is None else selected)]
+    prepared = PreparedStep(loss, scale, chosen, indices=None if selected is None else [i for i, _ in chosen])
+    if not check_grads:
+        return prepared
     rule = state_rule(optimizer)
     for index, group, i, p in prepared.params():
         if p.grad.is_sparse:

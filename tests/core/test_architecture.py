@@ -198,6 +198,19 @@ def test_no_code_in_the_repository_uses_a_name_that_left_the_top_level():
     assert not used, f"import these from optcore.plugin (or stop using internals): {used}"
 
 
+#: the most lines the core's modules (``optcore/*.py``) may hold together
+CORE_LINES = 3450
+
+
+def test_the_core_stays_small():
+    """New code goes into a subsystem package or a plugin (docs/architecture.md,
+    "where new things go"), not into the core's modules."""
+    lines = {p.name: len(p.read_text().splitlines()) for p in PACKAGE.glob("*.py")}
+    assert sum(lines.values()) <= CORE_LINES, (
+        f"optcore/*.py holds {sum(lines.values())} lines, over {CORE_LINES}; the largest: "
+        f"{sorted(lines.items(), key=lambda kv: -kv[1])[:3]}. Move subsystem code into its package.")
+
+
 def _table_layers() -> list[tuple[int, set[str]]]:
     """docs/architecture.md's layer table: (layer number, the modules it names)."""
     text = (ROOT / "docs" / "architecture.md").read_text()

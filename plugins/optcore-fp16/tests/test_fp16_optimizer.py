@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 from fp16_helpers import AdamW, ShapedSGD, adamw, all_finite, data, loss_fn, mlp, poison, same, snapshot
-from optcore_fp16 import DynamicLossScaler, FP16Optimizer
+from optcore_fp16 import DynamicLossScaler, FP16Optimizer, MemoryEfficientFP16Optimizer
 
-from optcore import ConfigError, build_optimizer
+from optcore import ConfigError, StepError, build_optimizer
 
 STEPS = 60
 
@@ -171,6 +171,27 @@ def test_step_selects_groups() -> None:
     assert torch.equal(model[0].weight, first) and not torch.equal(model[4].weight, head)
     opt.step(groups=[0])
     assert not torch.equal(model[0].weight, first)
+
+
+@pytest.mark.parametrize("wrapper", [FP16Optimizer, MemoryEfficientFP16Optimizer])
+@pytest.mark.parametrize("bad", ["scale", "sparse", "groups"])
+def test_a_step_the_wrappers_cannot_take_is_a_step_error_before_anything_changes(wrapper, bad) -> None:
+    """The contract's preamble: a scale that is no loss scale, a sparse gradient,
+    groups a plain inner optimizer cannot step apart."""
+    model = mlp(torch.float16)
+    inner = torch.optim.SGD if bad == "groups" else AdamW
+    kw = {"allow_unsupported": True} if wrapper is MemoryEfficientFP16Optimizer else {}
+    opt = wrapper(inner([{"params": list(model[0].parameters())}, {"params": list(model[2:].parameters())}], lr=1e-2),
+                  **kw)
+    x, y = data()
+    opt.backward(loss_fn(model, x, y))
+    if bad == "sparse":
+        w = model[0].weight
+        w.grad = torch.sparse_coo_tensor([[0], [0]], torch.ones(1, dtype=w.dtype), w.shape, check_invariants=True)
+    before = snapshot(opt, model)
+    with pytest.raises(StepError, match={"scale": "scale must be", "sparse": "sparse", "groups": "all param groups"}[bad]):
+        opt.step(**{"scale": {"scale": 0.0}, "sparse": {}, "groups": {"groups": [1]}}[bad])
+    assert same(snapshot(opt, model), before)
 
 
 def test_step_without_backward_warns_and_treats_grads_as_unscaled() -> None:

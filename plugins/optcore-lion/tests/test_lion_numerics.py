@@ -64,17 +64,24 @@ def test_lion_foreach_forloop_and_kernel_agree(dtype, maximize):
             torch.testing.assert_close(b, a, atol=1e-6, rtol=0, msg=f"{name} differs from forloop")
 
 
-def test_lion_chunked_cpu_path_covers_tensors_larger_than_a_chunk():
-    n = 2 * (1 << 18) + 123  # three chunks, the last one short
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_lion_chunked_cpu_path_covers_tensors_larger_than_a_chunk(dtype):
+    """The pieces (a tensor split in three, the last short; small tensors sharing a
+    piece; a non-contiguous one whole; fp32 beside fp16/bf16) step as the batches do."""
+    n = 2 * (1 << 18) + 123
     results = []
     for kw in (IMPLS["forloop"], IMPLS["foreach"]):
-        p = torch.linspace(-1, 1, n).requires_grad_()
-        opt = Lion([p], lr=1e-2, weight_decay=0.1, **kw)
+        gen = torch.Generator().manual_seed(1)
+        params = [torch.linspace(-1, 1, n).to(dtype), torch.randn(7, generator=gen).to(dtype),
+                  torch.randn(30, 20, generator=gen).to(dtype).t(), torch.randn(5, generator=gen)]
+        params = [p.requires_grad_() for p in params]
+        opt = Lion(params, lr=1e-2, weight_decay=0.1, **kw)
         gen = torch.Generator().manual_seed(0)
         for _ in range(3):
-            p.grad = torch.randn(n, generator=gen)
-            opt.step()
-        results.append((p.detach().clone(), opt.state[p]["exp_avg"].clone()))
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen).to(dtype=p.dtype)
+            opt.step(scale=2.0)
+        results.append([(p.detach().clone(), opt.state[p]["exp_avg"].clone()) for p in params])
     torch.testing.assert_close(results[0], results[1], atol=0, rtol=0)
 
 

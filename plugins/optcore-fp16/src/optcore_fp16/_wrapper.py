@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from optcore import ConfigError
-from optcore.plugin import ContractMixin, GroupSelector, by_device_and_dtype, total_grad_norm
+from optcore import ConfigError, StepError
+from optcore.plugin import ContractMixin, GroupSelector, by_device_and_dtype, prepare_step, total_grad_norm
 
 from .loss_scaler import DynamicLossScaler
 from .schemas import LossScalerConfig
@@ -347,15 +347,15 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
     ) -> float | None:
         """Skip the step if the gradients overflowed (parameters and optimizer
         state untouched, loss scale lowered); otherwise step the inner optimizer
-        with every pending factor folded into its ``scale``."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        # (groups=None reads no param_groups here: torch.compile's optimizer tracing
-        # special-cases that attribute and cannot trace FP16Optimizer's group views)
-        indices = None if groups is None else [self._group_index(g) for g in self._select_groups(groups)]
-        inner_scale = self._current_grads_scale() * float(scale) / self._multiply_factor
+        with every pending factor folded into its ``scale``. The contract's
+        preamble runs first; traced by torch.compile it leaves the gradients'
+        checks to the inner optimizer (it cannot trace FP16Optimizer's group
+        views, which a check of every parameter reads)."""
+        prepared = prepare_step(self, closure, scale, groups, check_grads=not torch.compiler.is_compiling())
+        if prepared.skip:
+            return prepared.loss
+        indices = prepared.indices
+        inner_scale = self._current_grads_scale() * prepared.scale / self._multiply_factor
         if self.scaler is None:
             overflow = not self._step_inner(indices, inner_scale, check=False)
         elif self._overflow:  # clip_grad_norm already saw a non-finite norm
@@ -369,10 +369,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
             self._reset_cycle()
         else:
             self._stepped = True
-        return loss
-
-    def _group_index(self, group: Mapping[str, Any]) -> int:
-        return next(i for i, g in enumerate(self.param_groups) if g is group)
+        return prepared.loss
 
     def _step_inner(self, indices: list[int] | None, scale: float, check: bool) -> bool:
         """Step the inner optimizer on the groups ``indices`` (None: all), with
@@ -387,10 +384,9 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
             self.optimizer.step(scale=scale, groups=indices)
             return
         if indices is not None and len(indices) != len(self.param_groups):
-            raise ConfigError(
-                f"step(groups=...) needs an optcore optimizer; {type(self.optimizer).__name__} steps all groups. "
-                "Build it with optcore.build_optimizer.",
-                target=type(self).__name__,
+            raise StepError(
+                f"{type(self).__name__}: step(groups=...) needs an optcore optimizer; {type(self.optimizer).__name__} "
+                "steps all groups. Build it with optcore.build_optimizer."
             )
         if scale != 1.0:
             for bucket in by_device_and_dtype(grads()).values():

@@ -13,7 +13,8 @@ The backends, chosen in :func:`lion` and nowhere else:
 
 - **torch ops**: :func:`lion_update` itself, on lists of tensors. Eagerly on
   CPU it runs over pieces of at most ``_CHUNK`` elements, so each piece stays
-  in cache while the ops pass over it; on accelerators, on DTensor shards,
+  in cache while the ops pass over it, and through scratch made once per step,
+  so no piece allocates (fresh memory costs page faults); on accelerators, on DTensor shards,
   under ``foreach=True`` and when traced by ``torch.compile``, over each
   (device, dtype) batch at once. ``compiled=True`` runs it compiled.
 - **the C kernel** (:mod:`optcore_lion._cpu_kernel`): one pass over contiguous
@@ -22,7 +23,7 @@ The backends, chosen in :func:`lion` and nowhere else:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ Tensors = list[Tensor]
 
 
 def lion_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weight_decay: Scalar,
-                beta1: Scalar, beta2: Scalar, gscale: Scalar = 1.0) -> None:
+                beta1: Scalar, beta2: Scalar, gscale: Scalar = 1.0, c: Sequence[Tensor] | None = None) -> None:
     """One Lion step, in place, on matching lists of parameters, gradients and momenta.
 
     ``gscale`` multiplies the gradient (``1/scale`` for a scaled loss, negative
@@ -44,8 +45,9 @@ def lion_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scala
     is never rescaled in a pass of its own (``sign(c)`` would not need it, the
     momentum does). Every scalar may be a 0-d tensor: then nothing numeric is a
     constant of a compiled graph, and a changing lr or loss scale does not recompile it.
+    ``c`` is scratch shaped like ``exp_avgs`` for the interpolation (new tensors when ``None``).
     """
-    c = torch._foreach_mul(exp_avgs, beta1)                 # c = beta1 * m
+    c = _mul(exp_avgs, beta1, out=c)                        # c = beta1 * m
     _axpy_(c, (1 - beta1) * gscale, grads)                  # c = c + (1 - beta1) * g
     if isinstance(weight_decay, Tensor) or weight_decay:
         torch._foreach_mul_(params, 1 - lr * weight_decay)  # p = p * (1 - lr * wd)
@@ -55,7 +57,16 @@ def lion_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scala
     _axpy_(exp_avgs, (1 - beta2) * gscale, grads)           # m = m + (1 - beta2) * g
 
 
-def _axpy_(ys: Tensors, a: Scalar, xs: Tensors) -> None:
+def _mul(xs: Tensors, a: Scalar, out: Sequence[Tensor] | None) -> Sequence[Tensor]:
+    """``a * x`` for each ``x``, into ``out`` when given (``_foreach_mul`` has no ``out=``)."""
+    if out is None:
+        return torch._foreach_mul(xs, a)
+    for x, o in zip(xs, out):
+        torch.mul(x, a, out=o)
+    return out
+
+
+def _axpy_(ys: Sequence[Tensor], a: Scalar, xs: Sequence[Tensor]) -> None:
     """``y += a * x`` for each pair; ``alpha`` takes only numbers, so a 0-d tensor ``a`` multiplies."""
     if isinstance(a, Tensor):
         torch._foreach_addcmul_(ys, xs, [a] * len(xs))
@@ -96,10 +107,11 @@ def lion(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weig
             _cpu_kernel.lion_fp32_(ps, gs, ms, **hp)
         elif route == "compiled":
             _compiled_lion(ps, gs, ms, **hp)
-        else:
-            batches = by_device_and_dtype(ps, gs, ms).values() if route == "batches" else _pieces(ps, gs, ms)
-            for batch in batches:
+        elif route == "batches":
+            for batch in by_device_and_dtype(ps, gs, ms).values():
                 _in_state_dtype(lion_update, *batch, **hp)
+        else:
+            _piecewise(ps, gs, ms, **hp)
 
 
 def _in_state_dtype(update: Callable[..., None], ps: Tensors, gs: Tensors, ms: Tensors, **hp: Any) -> None:
@@ -115,26 +127,55 @@ def _in_state_dtype(update: Callable[..., None], ps: Tensors, gs: Tensors, ms: T
                 p.copy_(w)
 
 
-def _pieces(ps: Tensors, gs: Tensors, ms: Tensors) -> Iterator[tuple[Tensors, Tensors, Tensors]]:
-    """Views of the tensors in batches of at most ``_CHUNK`` elements of one dtype:
-    a large tensor is split, small ones share a batch; a non-contiguous one goes whole."""
+def _piecewise(ps: Tensors, gs: Tensors, ms: Tensors, **hp: Any) -> None:
+    """:func:`lion_update` over pieces of at most ``_CHUNK`` elements (:func:`_pieces`),
+    each through the same scratch, made once per dtype: ``c``, and the fp32
+    copies of fp16/bf16 parameters and gradients, so a piece allocates nothing."""
+    scratch: dict[torch.dtype, Tensor] = {}
+    for pp, pg, pm, sizes in _pieces(ps, gs, ms):
+        if sizes is None:  # a non-contiguous tensor, whole
+            _in_state_dtype(lion_update, pp, pg, pm, **hp)
+            continue
+        dtype = pm[0].dtype
+        buf = scratch.get(dtype)
+        if buf is None:
+            buf = scratch[dtype] = torch.empty(3, _CHUNK, dtype=dtype, device=pm[0].device)
+        n = sum(sizes)
+        c = buf[0, :n].split_with_sizes(sizes)
+        if pp[0].dtype == dtype:
+            lion_update(pp, pg, pm, **hp, c=c)
+            continue
+        work, wgrads = buf[1, :n].split_with_sizes(sizes), buf[2, :n].split_with_sizes(sizes)
+        torch._foreach_copy_(work, pp)
+        torch._foreach_copy_(wgrads, pg)
+        lion_update(work, wgrads, pm, **hp, c=c)
+        torch._foreach_copy_(pp, work)
+
+
+def _pieces(ps: Tensors, gs: Tensors, ms: Tensors) -> Iterator[tuple[Tensors, Tensors, Tensors, list[int] | None]]:
+    """Flat views of the tensors in batches of at most ``_CHUNK`` elements of one
+    dtype, with their sizes: a large tensor is split, small ones share a batch; a
+    non-contiguous one goes whole (sizes ``None``)."""
     batch: tuple[Tensors, Tensors, Tensors] = ([], [], [])
-    size, dtype = 0, None
+    sizes: list[int] = []
+    size, dtype = 0, (None, None)
     for p, g, m in zip(ps, gs, ms):
         if not (p.is_contiguous() and g.is_contiguous() and m.is_contiguous()):
-            yield [p], [g], [m]
+            yield [p], [g], [m], None
             continue
-        flat = (p.view(-1), g.view(-1), m.view(-1))
-        for start in range(0, p.numel(), _CHUNK):
-            piece = [t[start:start + _CHUNK] for t in flat]
-            if batch[0] and (size + piece[0].numel() > _CHUNK or p.dtype != dtype):
-                yield batch
-                batch, size = ([], [], []), 0
-            for bucket, t in zip(batch, piece):
-                bucket.append(t)
-            size, dtype = size + piece[0].numel(), p.dtype
-    if batch[0]:
-        yield batch
+        p1, g1, m1, n = p.view(-1), g.view(-1), m.view(-1), p.numel()
+        for start in range(0, n, _CHUNK):
+            step = min(_CHUNK, n - start)
+            if sizes and (size + step > _CHUNK or (p.dtype, m.dtype) != dtype):
+                yield (*batch, sizes)
+                batch, sizes, size = ([], [], []), [], 0
+            batch[0].append(p1[start:start + step])
+            batch[1].append(g1[start:start + step])
+            batch[2].append(m1[start:start + step])
+            sizes.append(step)
+            size, dtype = size + step, (p.dtype, m.dtype)
+    if sizes:
+        yield (*batch, sizes)
 
 
 _compiled: Callable[..., None] | None = None

@@ -1,6 +1,6 @@
 """Gradient arithmetic in torch's ``_foreach_`` units, shared by the contract,
-``average_params`` and optcore-fp16 (public as ``optcore.plugin.by_device_and_dtype``
-and ``optcore.plugin.total_grad_norm``).
+ZeRO's wrapper, :mod:`optcore.placement` and optcore-fp16 (public as
+``optcore.plugin.by_device_and_dtype`` and ``optcore.plugin.total_grad_norm``).
 """
 
 from __future__ import annotations
@@ -69,15 +69,9 @@ def total_grad_norm(grads: Sequence[Tensor]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack([n.to(first, dtype) for n in norms]), 2.0)
 
 
-def shard_norm(local: Tensor, group: Any, device: torch.device | None = None) -> Tensor:
-    """The 2-norm over every rank of ``group`` from this rank's ``local`` 2-norm
-    (one all-reduce of its square); ``local`` itself on one rank."""
-    dist = torch.distributed
-    if group is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
-        return local
-    square = local.detach().to(device or local.device, torch.float64 if local.dtype == torch.float64 else torch.float32)
-    square = square.square().reshape(1)
-    if dist.get_backend(group) == "nccl" and square.device.type != "cuda":
-        square = square.to(torch.device("cuda", torch.cuda.current_device()))
-    dist.all_reduce(square, op=dist.ReduceOp.SUM, group=group)
-    return square.sqrt().reshape(()).to(local.device)
+def multiply(grads: Sequence[Tensor], c: float | Tensor) -> None:
+    """``grads`` times ``c`` in place, one ``_foreach_mul_`` per device and dtype."""
+    if not isinstance(c, Tensor) and c == 1.0:
+        return
+    for (device, _), bucket in by_device_and_dtype(grads).items():
+        torch._foreach_mul_(bucket, c.to(device) if isinstance(c, Tensor) else c)
