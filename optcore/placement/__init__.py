@@ -27,7 +27,8 @@ things, and after it nothing but one dictionary look-up:
   all-gather) differ.
 
 The checks of a checkpoint's layout under DCP (:func:`check_dcp_layout`) and
-of fused kernels over FSDP2's shards (:func:`refuse_kernels_on_shards`) live
+of fused kernels over FSDP2's shards (:func:`refuse_kernels_on_shards`: only
+a class that declares ``fused_steps_local_shards = True`` takes them) live
 here too: they are about where parameters and state live, and so does
 :class:`ShardedMuon` (:mod:`._owned`), the plan's Muon over FSDP2's shards:
 each whole matrix orthogonalised on an owner rank, the rest on local rows.
@@ -323,9 +324,10 @@ def check_replicated(optimizer: Any, group: Any = None) -> None:
 
 
 def refuse_on_shards(spec: Any, hparams: Any, groups: list[dict[str, Any]]) -> None:
-    """What the plan refuses over FSDP2's DTensor shards: fused kernels, and
-    statistics across shards that the optimizer does not reduce."""
-    refuse_kernels_on_shards(spec.name, hparams, groups)
+    """What the plan refuses over FSDP2's DTensor shards: fused kernels that
+    do not step local shards, and statistics across shards that the optimizer
+    does not reduce."""
+    refuse_kernels_on_shards(spec, hparams, groups)
     refuse_unreduced_statistics(spec, groups)
 
 
@@ -360,21 +362,39 @@ def refuse_unreduced_statistics(spec: Any, groups: list[dict[str, Any]]) -> None
     )
 
 
-def refuse_kernels_on_shards(name: str, hparams: Any, groups: list[dict[str, Any]]) -> None:
-    """``fused=True`` (torch's ``_fused_*`` ops, a plugin's C kernel) over FSDP2's
-    DTensor shards, refused when the plan is made: no fused kernel takes a
-    ``DTensor`` (torch's have no sharding rule, a C kernel needs a plain
-    contiguous tensor), and the step would fail on its first call, or be
-    refused for a reason that is not the real one."""
+#: the class attribute by which an optimizer whose update is elementwise declares
+#: that its ``fused=True`` kernel steps each rank's local shard of DTensor
+#: parameters (``to_local()`` of parameter, gradient and state; optcore-lion's C kernel)
+LOCAL_KERNEL = "fused_steps_local_shards"
+
+
+def kernel_steps_local_shards(spec: Any) -> bool:
+    """Whether ``spec``'s class declares ``fused_steps_local_shards = True`` and
+    its update is elementwise: only then is a kernel over each rank's slice the
+    same update as over the whole tensor."""
+    return getattr(spec.target, LOCAL_KERNEL, False) is True and getattr(spec.capabilities, "sharding", None) == "elementwise"
+
+
+def refuse_kernels_on_shards(spec: Any, hparams: Any, groups: list[dict[str, Any]]) -> None:
+    """``fused=True`` over FSDP2's DTensor shards, refused when the plan is made
+    unless the class declares that its kernel steps local shards
+    (:data:`LOCAL_KERNEL`): torch's ``_fused_*`` ops have no sharding rule for a
+    DTensor, and the step would fail on its first call."""
     asked = [g.get("name", i) for i, g in enumerate(groups) if g.get("fused", hparams.get("fused")) is True]
     sharded = [p for g in groups for p in g["params"] if hasattr(p, "placements") and hasattr(p, "device_mesh")]
-    if asked and sharded:
-        raise ConfigError(
-            f"{name}: fused=True runs a fused kernel over whole plain tensors, and {len(sharded)} parameters are "
-            "DTensor shards (FSDP2's fully_shard): no fused kernel takes a DTensor (torch's _fused_* ops have no "
-            "sharding rule; a C kernel needs a plain contiguous tensor). Leave fused unset, and optcore picks the "
-            "foreach path, which steps each rank's local shard.",
-            problems=[("fused", "fused kernel over DTensor parameters")],
-            target=name,
-        )
-
+    if not (asked and sharded) or kernel_steps_local_shards(spec):
+        return
+    name = spec.name
+    if spec.source == "torch":
+        why = (f"torch's fused kernel (aten._fused_{name.lower()}_) has no sharding rule for a DTensor, so the "
+               "first step would fail")
+    else:
+        why = (f"{name}'s class does not declare that its kernel steps each rank's local shard "
+               f"({LOCAL_KERNEL} = True, with sharding='elementwise'), so it would be handed DTensors it cannot take")
+    raise ConfigError(
+        f"{name}: fused=True asks for a fused kernel, and {len(sharded)} parameters are DTensor shards (FSDP2's "
+        f"fully_shard): {why}. Leave fused unset, and optcore picks the foreach path, which steps each rank's "
+        "local shard (optcore-lion's Lion takes fused=True under FSDP2: its C kernel steps the local shards).",
+        problems=[("fused", "fused kernel over DTensor parameters")],
+        target=name,
+    )

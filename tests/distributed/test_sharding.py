@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import json
 import warnings
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -132,40 +134,244 @@ def test_list_all_and_show_print_the_sharding(capsys: pytest.CaptureFixture[str]
     assert json.loads(capsys.readouterr().out)["capabilities"]["sharding"] == "factored"
 
 
-def _fused_on_shards_worker(rank: int, world: int, configs: list[dict]) -> list[str | None]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+LION = {"type": "optcore-lion:Lion", "lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
+#: Lion's C kernel on FSDP2's local shards, against one process: fused=True, and unset (the kernel too)
+KERNEL_CASES = {"fused": {**LION, "fused": True}, "default": LION}
+STEPS, SAVED_AT, HALF = 5, 3, 4
 
-    out: list[str | None] = []
-    for config in configs:
+
+class _Uneven(torch.nn.Module):
+    """Dim 0 sizes 5 (split 3/2 over 2 ranks) and 1 (rank 1's shard empty)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 5), torch.nn.Linear(5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+def _uneven(world: int | None = None) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = _Uneven()
+    if world is not None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        fully_shard(model.a, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    return model
+
+
+def _train_lion(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: range, rank: int | None = None) -> None:
+    """The full batch, or ``rank``'s half of it."""
+    for step in steps:
+        g = torch.Generator().manual_seed(100 + step)
+        x, y = torch.randn(2 * HALF, 6, generator=g), torch.randn(2 * HALF, 1, generator=g)
+        rows = slice(None) if rank is None else slice(rank * HALF, (rank + 1) * HALF)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+        opt.step()
+
+
+def _whole(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Parameters and momenta, each whole (a DTensor gathered)."""
+    tensors = [*model.parameters(), *(opt.state[p]["exp_avg"] for p in model.parameters())]
+    return [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone() for t in tensors]
+
+
+def _one_process_lion() -> dict[str, list[torch.Tensor]]:
+    out = {}
+    for name, config in KERNEL_CASES.items():
+        model = _uneven()
+        opt = optcore.build_optimizer(config, model)
+        _train_lion(model, opt, range(STEPS))
+        out[name] = _whole(model, opt)
+    return out
+
+
+def _kernel_calls(record: list[list[tuple[str, tuple[int, ...]]]]) -> Any:
+    """Wraps the Lion kernel's entry so each call records the (type, shape) of the parameters it gets."""
+    from optcore_lion import _cpu_kernel
+
+    kernel = _cpu_kernel.lion_fp32_
+
+    def recording(params: list[torch.Tensor], *args: Any, **kwargs: Any) -> None:
+        record.append([(type(p).__name__, tuple(p.shape)) for p in params])
+        kernel(params, *args, **kwargs)
+
+    _cpu_kernel.lion_fp32_ = recording
+    return kernel
+
+
+def _other_placement(rank: int, world: int) -> dict[str, Any]:
+    """A parameter placed Shard(1): fused=True is a StepError naming the
+    placement; unset, torch ops step it (compared with the same step on the whole tensor)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(1)
+    whole, grad = torch.randn(3, 4), torch.randn(3, 4)
+    out: dict[str, Any] = {}
+    for name, config in KERNEL_CASES.items():
+        p = torch.nn.Parameter(distribute_tensor(whole.clone(), mesh, [Shard(1)]))
+        p.grad = distribute_tensor(grad.clone(), mesh, [Shard(1)])
+        opt = optcore.build_optimizer(config, [p])
+        try:
+            opt.step()
+        except optcore.StepError as exc:
+            out[name] = str(exc)
+        else:
+            out[name] = p.full_tensor().detach().clone()
+    reference = torch.nn.Parameter(whole.clone())
+    reference.grad = grad.clone()
+    opt = optcore.build_optimizer({**LION, "fused": False}, [reference])
+    opt.step()
+    out["reference"] = reference.detach().clone()
+    return out
+
+
+def _on_fsdp2_ranks(rank: int, world: int, refusals: list[dict[str, Any]], root: str) -> dict[str, Any]:
+    """Builds under FSDP2 (the refusals), Lion's kernel over 2 ranks' uneven
+    and empty shards, a DCP save of the fused run after ``SAVED_AT`` steps."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    out: dict[str, Any] = {"refusals": []}
+    for config in refusals:
         model = _model()
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
         fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
         try:
             optcore.build_optimizer(config, model)
         except optcore.ConfigError as exc:
-            out.append(str(exc))
+            out["refusals"].append(str(exc))
         else:
-            out.append(None)
+            out["refusals"].append(None)
+    for name, config in KERNEL_CASES.items():
+        record: list[list[tuple[str, tuple[int, ...]]]] = []
+        kernel = _kernel_calls(record)
+        try:
+            model = _uneven(world)
+            opt = optcore.build_optimizer(config, model)
+            _train_lion(model, opt, range(SAVED_AT), rank)
+        finally:
+            import optcore_lion._cpu_kernel
+
+            optcore_lion._cpu_kernel.lion_fp32_ = kernel
+        if name == "fused":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+                dcp.save(state, checkpoint_id=root)
+        _train_lion(model, opt, range(SAVED_AT, STEPS), rank)
+        out[name] = {"calls": record, "whole": _whole(model, opt),
+                     "state": sorted({type(v).__name__ for s in opt.state.values() for v in s.values()})}
+    out["other_placement"] = _other_placement(rank, world)
     return out
 
 
-@pytest.mark.distributed
-def test_fused_true_over_fsdp2_shards_is_refused_for_the_real_reason() -> None:
-    """torch's fused SGD would fail in its first step (no sharding rule for
-    aten._fused_sgd_), Lion's C kernel for a reason that is not the real one."""
+REFUSALS = [{"type": "SGD", "lr": 0.1, "fused": True}, {"type": "AdamW", "lr": 0.1, "fused": True},
+            {"type": "SGD", "lr": 0.1}, {"type": "optcore-lion:Lion", "fused": True}]
+
+
+@pytest.fixture(scope="module")
+def fsdp2_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One spawned 2-rank group for the module's FSDP2 cases; the one-process
+    reference is computed while the ranks start."""
     from _dist_util import run_ranks
 
-    configs = [{"type": "SGD", "lr": 0.1, "fused": True}, {"type": "SGD", "lr": 0.1}]
-    lion = "optcore-lion:Lion" in {s.qualified for s in optcore.list_optimizers()}
-    if lion:
-        configs += [{"type": "optcore-lion:Lion", "fused": True}, {"type": "optcore-lion:Lion"}]
-    results = run_ranks(_fused_on_shards_worker, 1, configs)[0]
-    for config, error in zip(configs, results):
-        if config.get("fused"):
-            assert error is not None and "fused=True" in error and "DTensor" in error, (config, error)
-            assert "Leave fused unset" in error
-        else:
-            assert error is None, (config, error)  # unset: the foreach path over the shards
+    _spec("optcore-lion:Lion")
+    root = tmp_path_factory.mktemp("lion-dcp")
+    reference: dict[str, Any] = {}
+    ranks = run_ranks(_on_fsdp2_ranks, 2, REFUSALS, str(root), timeout=180,
+                      meanwhile=lambda: reference.update(_one_process_lion()))
+    return {"ranks": ranks, "reference": reference, "root": root}
+
+
+@pytest.mark.distributed
+def test_torchs_fused_true_over_fsdp2_shards_is_refused_for_the_real_reason(fsdp2_ranks: dict[str, Any]) -> None:
+    """torch's fused SGD and AdamW would fail in their first step (no sharding
+    rule for aten._fused_sgd_); Lion's kernel steps local shards and builds."""
+    for rank in fsdp2_ranks["ranks"]:
+        for config, error in zip(REFUSALS, rank["refusals"]):
+            if config.get("fused") and config["type"] in ("SGD", "AdamW"):
+                assert error is not None and "fused=True" in error and "DTensor" in error, (config, error)
+                assert f"aten._fused_{config['type'].lower()}_" in error and "no sharding rule" in error, error
+                assert "Leave fused unset" in error
+            else:
+                assert error is None, (config, error)  # SGD unset: the foreach path over the shards
+
+
+def test_a_plugin_kernel_that_does_not_declare_local_shards_is_refused_naming_the_attribute() -> None:
+    from optcore.placement import refuse_kernels_on_shards
+
+    class Shard(torch.Tensor):  # stands in for a DTensor: the check reads placements and device_mesh
+        placements, device_mesh = ("Shard(0)",), "mesh"
+
+    spec = _spec("optcore-lion:Lion")
+    groups = [{"params": [torch.zeros(2).as_subclass(Shard)], "fused": True}]
+    refuse_kernels_on_shards(spec, {}, groups)  # Lion declares fused_steps_local_shards
+    undeclared = type("Undeclared", (spec.target,), {"fused_steps_local_shards": False})
+    with pytest.raises(optcore.ConfigError, match=r"fused_steps_local_shards = True.*Leave fused unset"):
+        refuse_kernels_on_shards(replace(spec, loader=lambda: undeclared), {}, groups)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", list(KERNEL_CASES))
+def test_lions_kernel_steps_fsdp2_local_shards_as_one_process(fsdp2_ranks: dict[str, Any], case: str) -> None:
+    """fused=True, and fused unset (the kernel is the CPU fp32 default in one
+    process too): the kernel gets each rank's plain local shards, uneven
+    (3/2 rows) and empty (rank 1's row of b), and parameters and momenta equal
+    one process on the full batch."""
+    want = fsdp2_ranks["reference"][case]
+    for rank, info in enumerate(fsdp2_ranks["ranks"]):
+        got = info[case]
+        local = {0: [(3, 6), (3,), (1, 5), (1,)], 1: [(2, 6), (2,), (0, 5), (0,)]}[rank]
+        seen = sorted(t for call in got["calls"] for t in call)  # every step, both param groups
+        assert seen == sorted([("Tensor", shape) for shape in local] * SAVED_AT), got["calls"]
+        assert got["state"] == ["DTensor"], "the momentum is a DTensor placed like its parameter (DCP reshards it)"
+        for i, (a, b) in enumerate(zip(got["whole"], want, strict=True)):
+            assert torch.allclose(a, b, rtol=0.0, atol=1e-7), f"{case} rank {rank}: tensor {i} off by {(a - b).abs().max():.3g}"
+
+
+@pytest.mark.distributed
+def test_lion_fused_on_fsdp2_resumes_from_dcp_in_one_process(fsdp2_ranks: dict[str, Any]) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+    )
+
+    torch.manual_seed(7)
+    model = _Uneven()
+    opt = optcore.build_optimizer(KERNEL_CASES["fused"], model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=str(fsdp2_ranks["root"]))
+        set_model_state_dict(model, state["model"])
+        state = {"optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=str(fsdp2_ranks["root"]))
+        set_optimizer_state_dict(model, opt, state["optim"])
+    assert all(g["fused"] is True for g in opt.param_groups)
+    _train_lion(model, opt, range(SAVED_AT, STEPS))
+    for i, (a, b) in enumerate(zip(_whole(model, opt), fsdp2_ranks["reference"]["fused"], strict=True)):
+        assert torch.allclose(a, b, rtol=0.0, atol=1e-7), f"tensor {i} off by {(a - b).abs().max():.3g}"
+
+
+@pytest.mark.distributed
+def test_lion_on_another_placement_is_refused_by_name_with_fused_and_steps_by_torch_ops_unset(
+    fsdp2_ranks: dict[str, Any],
+) -> None:
+    for info in fsdp2_ranks["ranks"]:
+        other = info["other_placement"]
+        assert isinstance(other["fused"], str) and "Shard(dim=1)" in other["fused"], other["fused"]
+        assert "set fused=None" in other["fused"]
+        assert torch.equal(other["default"], other["reference"])
 
 
 def _flatten_groups(opt: torch.optim.Optimizer) -> None:

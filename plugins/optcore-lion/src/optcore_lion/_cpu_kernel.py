@@ -57,6 +57,35 @@ def eligible(*tensors: Tensor) -> bool:
     return all(_tensor_problem(t) is None for t in tensors)
 
 
+def shard_problem(*tensors: Tensor) -> str | None:
+    """Why the kernel cannot step the local shards of these DTensors (FSDP2's
+    parameter, gradient and momentum), or ``None``: they must share one mesh
+    and one placement, each ``Shard(0)`` or ``Replicate()``. Then each rank's
+    local tensors are the same slice of each, of one shape, and an elementwise
+    update over them is the update of the whole tensor. Plain tensors: ``None``."""
+    plain = [type(t) in (Tensor, torch.nn.Parameter) for t in tensors]
+    if all(plain):
+        return None
+    if any(plain) or not all(hasattr(t, "placements") and hasattr(t, "device_mesh") for t in tensors):
+        return "it mixes DTensors with other tensors (" + ", ".join(type(t).__name__ for t in tensors) + ")"
+    first = tensors[0]
+    if any(t.device_mesh != first.device_mesh or tuple(t.placements) != tuple(first.placements) for t in tensors):
+        return "its gradient or momentum is placed otherwise than the parameter (" + ", ".join(
+            str(tuple(t.placements)) for t in tensors) + ")"
+    if not all(pl.is_replicate() or pl.is_shard(0) for pl in first.placements):
+        return f"it is a DTensor placed {tuple(first.placements)}, and the kernel steps Shard(0) and Replicate() only"
+    return None
+
+
+def local_shards(*tensors: Tensor) -> tuple[Tensor, ...] | None:
+    """What the kernel steps for these tensors: themselves when plain, each
+    rank's local shard (``to_local()``, which shares the DTensor's memory) when
+    :func:`shard_problem` passes, else ``None`` (torch ops step them)."""
+    if shard_problem(*tensors) is not None:
+        return None
+    return tuple(t if type(t) in (Tensor, torch.nn.Parameter) else t.to_local() for t in tensors)
+
+
 def check(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor]) -> None:
     """Raise ``ValueError`` unless every triple is something the kernel may touch:
     all three :func:`eligible` and of the same shape (the kernel reads and writes

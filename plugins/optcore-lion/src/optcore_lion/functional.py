@@ -14,11 +14,14 @@ The backends, chosen in :func:`lion` and nowhere else:
 - **torch ops**: :func:`lion_update` itself, on lists of tensors. Eagerly on
   CPU it runs over pieces of at most ``_CHUNK`` elements, so each piece stays
   in cache while the ops pass over it, and through scratch made once per step,
-  so no piece allocates (fresh memory costs page faults); on accelerators, on DTensor shards,
-  under ``foreach=True`` and when traced by ``torch.compile``, over each
-  (device, dtype) batch at once. ``compiled=True`` runs it compiled.
+  so no piece allocates (fresh memory costs page faults); on accelerators, on DTensor shards
+  the kernel does not take, under ``foreach=True`` and when traced by ``torch.compile``,
+  over each (device, dtype) batch at once. ``compiled=True`` runs it compiled.
 - **the C kernel** (:mod:`optcore_lion._cpu_kernel`): one pass over contiguous
   fp32 CPU tensors, the CPU default; checked against :func:`lion_update` by the tests.
+  Over FSDP2's DTensors (``Shard(0)`` or ``Replicate()``, the gradient and momentum
+  placed like the parameter) it steps each rank's local shards, as it would the
+  whole tensors in one process: the update is elementwise.
 """
 
 from __future__ import annotations
@@ -91,9 +94,10 @@ def lion(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weig
     kernel = not tracing and (fused or (fused is None and foreach is None and not compiled))
     routes: dict[str, tuple[Tensors, Tensors, Tensors]] = {}
     for p, g, m in zip(params, grads, exp_avgs):
-        plain = type(p) in (Tensor, torch.nn.Parameter)  # a DTensor shard goes through torch ops, which know it
-        if plain and kernel and _cpu_kernel.eligible(p, g, m) and _cpu_kernel.load() is not None:
-            route = "kernel"
+        plain = type(p) in (Tensor, torch.nn.Parameter)  # a DTensor: its local shards, or torch ops, which know it
+        local = None if not kernel else (p, g, m) if plain else _cpu_kernel.local_shards(p, g, m)
+        if local is not None and _cpu_kernel.eligible(*local) and _cpu_kernel.load() is not None:
+            route, (p, g, m) = "kernel", local
         elif plain and compiled and not tracing:
             route = "compiled"
         elif tracing or not plain or foreach or (foreach is None and p.device.type != "cpu"):

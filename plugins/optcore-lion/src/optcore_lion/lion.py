@@ -93,6 +93,8 @@ class Lion(Optimizer):
     supports_flat_params: ClassVar[bool] = True
     supports_groups: ClassVar[bool] = True
     sharding: ClassVar[str] = "elementwise"  # each element's update is its own: steps a shard alone
+    #: read by optcore's plan: fused=True over FSDP2's DTensors runs the C kernel on each rank's local shards
+    fused_steps_local_shards: ClassVar[bool] = True
     #: exp_avg has the parameter's shape (checked by load_state_dict and by every step)
     state_shapes: ClassVar[str] = "elementwise"
     _step_supports_amp_scaling = True  # read by torch.amp.GradScaler: we unscale and skip ourselves
@@ -190,14 +192,21 @@ class Lion(Optimizer):
 
     @staticmethod
     def _check_fused(params: Iterable[tuple[int, dict[str, Any], int, Tensor]]) -> None:
-        """``fused=True`` promises the C kernel: a tensor it cannot take, or no kernel, is refused."""
+        """``fused=True`` promises the C kernel: a tensor it cannot take, or no kernel, is refused
+        (a DTensor's local shard is taken when :func:`~optcore_lion._cpu_kernel.shard_problem` passes)."""
         for index, group, i, p in params:
             if not group["fused"]:
                 continue
             if _cpu_kernel.load() is None:
                 raise StepError(f"Lion: fused=True, but the C kernel could not be built: "
                                 f"{_cpu_kernel.unavailable_reason}. Set fused=None to use torch ops.")
-            if not _cpu_kernel.eligible(p, p.grad):
+            problem = _cpu_kernel.shard_problem(p, p.grad)
+            if problem is not None:
+                raise StepError(f"Lion cannot step {_where(index, group, i, p)} with fused=True: {problem}; "
+                                "set fused=None (torch ops step any placement).",
+                                param=_where(index, group, i, p))
+            local = _cpu_kernel.local_shards(p, p.grad)
+            if local is None or not _cpu_kernel.eligible(*local):
                 raise StepError(f"Lion cannot step: the gradient of {_where(index, group, i, p)} ({p.dtype}, "
                                 f"{p.device}) is not a contiguous fp32 CPU tensor, which fused=True needs; set "
                                 "fused=None.", param=_where(index, group, i, p))
