@@ -372,7 +372,8 @@ def kernel_steps_local_shards(spec: Any) -> bool:
     """Whether ``spec``'s class declares ``fused_steps_local_shards = True`` and
     its update is elementwise: only then is a kernel over each rank's slice the
     same update as over the whole tensor."""
-    return getattr(spec.target, LOCAL_KERNEL, False) is True and getattr(spec.capabilities, "sharding", None) == "elementwise"
+    declared = getattr(spec.target, LOCAL_KERNEL, False) is True
+    return declared and getattr(spec.capabilities, "sharding", None) == "elementwise"
 
 
 def refuse_kernels_on_shards(spec: Any, hparams: Any, groups: list[dict[str, Any]]) -> None:

@@ -3,6 +3,12 @@
 Declared by plugins, known for torch's classes and the third-party classes in
 optcore's table, ``"unknown"`` otherwise; the spec and the built optimizer say
 the same, and ``optcore list --all`` / ``optcore show`` print it.
+
+Under FSDP2 the plan reads it with ``fused_steps_local_shards``: torch's fused
+kernels are refused on DTensor parameters, optcore-lion's C kernel steps each
+rank's local shards; one spawned 2-rank group (a module fixture) runs those
+cases against one process on the full batch, and saves the DCP checkpoint
+that one process resumes.
 """
 
 from __future__ import annotations
@@ -201,8 +207,9 @@ def _one_process_lion() -> dict[str, list[torch.Tensor]]:
     return out
 
 
-def _kernel_calls(record: list[list[tuple[str, tuple[int, ...]]]]) -> Any:
-    """Wraps the Lion kernel's entry so each call records the (type, shape) of the parameters it gets."""
+def _recording_kernel(record: list[list[tuple[str, tuple[int, ...]]]]) -> Any:
+    """Wraps the Lion kernel's entry so each call records the (type, shape) of
+    the parameters it gets; returns what undoes it."""
     from optcore_lion import _cpu_kernel
 
     kernel = _cpu_kernel.lion_fp32_
@@ -212,7 +219,7 @@ def _kernel_calls(record: list[list[tuple[str, tuple[int, ...]]]]) -> Any:
         kernel(params, *args, **kwargs)
 
     _cpu_kernel.lion_fp32_ = recording
-    return kernel
+    return lambda: setattr(_cpu_kernel, "lion_fp32_", kernel)
 
 
 def _other_placement(rank: int, world: int) -> dict[str, Any]:
@@ -248,13 +255,12 @@ def _on_fsdp2_ranks(rank: int, world: int, refusals: list[dict[str, Any]], root:
     and empty shards, a DCP save of the fused run after ``SAVED_AT`` steps."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
 
     out: dict[str, Any] = {"refusals": []}
     for config in refusals:
         model = _model()
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
         fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
         try:
             optcore.build_optimizer(config, model)
@@ -264,15 +270,13 @@ def _on_fsdp2_ranks(rank: int, world: int, refusals: list[dict[str, Any]], root:
             out["refusals"].append(None)
     for name, config in KERNEL_CASES.items():
         record: list[list[tuple[str, tuple[int, ...]]]] = []
-        kernel = _kernel_calls(record)
+        undo = _recording_kernel(record)
         try:
             model = _uneven(world)
             opt = optcore.build_optimizer(config, model)
             _train_lion(model, opt, range(SAVED_AT), rank)
         finally:
-            import optcore_lion._cpu_kernel
-
-            optcore_lion._cpu_kernel.lion_fp32_ = kernel
+            undo()
         if name == "fused":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
