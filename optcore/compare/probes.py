@@ -30,7 +30,8 @@ def optimizer_state_bytes(optimizer: Any, params: Iterable[Tensor]) -> dict[str,
     inner optimizer's parameters that are not the model's) and their gradients
     are part of it, and also reported alone as ``master_bytes``."""
     params = list(params)
-    model = {_storage_id(t) for p in params for t in (p, p.grad) if t is not None}
+    # a DTensor's bytes are its local shard's (see _tensors), so the model's are too
+    model = {_storage_id(t) for p in params for x in (p, p.grad) if x is not None for t in _tensors(x)}
     chain = [optimizer]
     inner = getattr(optimizer, "optimizer", None)
     while isinstance(inner, torch.optim.Optimizer) and all(inner is not o for o in chain):
