@@ -70,7 +70,9 @@ def _tensors(obj: Any, depth: int = 0, objects: bool = False) -> Iterator[Tensor
         # not the logical fp32 size the wrapper reports
         names, _ = obj.__tensor_flatten__()
         for name in names:
-            yield from _tensors(getattr(obj, name), depth + 1, objects)
+            inner = getattr(obj, name)
+            if isinstance(inner, Tensor):  # a DTensor also names its device mesh, which is no state
+                yield from _tensors(inner, depth + 1, objects)
     elif isinstance(obj, Tensor):
         yield obj
     elif depth < 8 and isinstance(obj, Mapping):
