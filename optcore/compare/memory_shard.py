@@ -85,7 +85,7 @@ def per_rank(row: dict[str, Any], cfg: Any, model: nn.Module, sharding: str, wor
         grad_bytes = sum(nbytes(chunks[id(p)][1], p) for p in trained)
         if on_mesh(cfg, sharding):
             _rank0_on_mesh(row, cfg, model, {id(p): chunks[id(p)][0] for p in all_params}, world_size,
-                           accumulations, param_bytes, grad_bytes)  # fmt: skip
+                           param_bytes, grad_bytes)  # fmt: skip
             return
         _to_local_shards(model, {id(p): chunks[id(p)][0] for p in all_params})
         trained = [p for p in model.parameters() if p.requires_grad]
@@ -163,23 +163,35 @@ def _rank0_of(world_size: int) -> Iterator[Any]:
     and waits for nobody."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=_fake_store()(), rank=0, world_size=world_size)
     try:
         yield init_device_mesh("cpu", (world_size,))
     finally:
         dist.destroy_process_group()
 
 
+def _fake_store() -> Any:
+    """torch's store for the ``fake`` backend (importing it registers the backend), or None."""
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError:
+        return None
+    return FakeStore
+
+
 def _rank0_on_mesh(row: dict[str, Any], cfg: Any, model: nn.Module, shapes: dict[int, torch.Size], world_size: int,
-                   accumulations: int, param_bytes: int, grad_bytes: int) -> None:  # fmt: skip
+                   param_bytes: int, grad_bytes: int) -> None:  # fmt: skip
     """Rank 0's state and step peak with each parameter a ``Shard(0)`` DTensor of
     its local rows, as ``fully_shard`` hands them to the optimizer, built and
     stepped twice as rank 0 of a fake process group (see :func:`on_mesh`)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if not dist.is_available() or _fake_store() is None:
+        row["per_rank_note"] = ("not predicted under fsdp2: this torch has no distributed support with its 'fake' "
+                                "process group, on which rank 0's step over its shards is simulated")  # fmt: skip
+        return
+    if dist.is_initialized():
         row["per_rank_note"] = ("not predicted under fsdp2: this process already has a process group, and rank 0's "
                                 "step is simulated on a process group of its own; run `optcore memory` alone")  # fmt: skip
         return
@@ -190,14 +202,14 @@ def _rank0_on_mesh(row: dict[str, Any], cfg: Any, model: nn.Module, shapes: dict
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 optimizer = optcore.build_optimizer(cfg, model)
-        except ConfigError as exc:
-            row["per_rank_note"] = f"refused under fsdp2: {exc}"
-            return
         except Exception as exc:  # noqa: BLE001 - the row shows why
-            row["per_rank_note"] = f"build: {exc}"
+            refused = isinstance(exc, ConfigError) and any("DTensor" in why for _, why in exc.problems)
+            row["per_rank_note"] = f"{'refused under fsdp2' if refused else 'build'}: {exc}"
             return
         try:
-            state, transient = _two_steps(optimizer, trained, accumulations)
+            # the backward passes run on FSDP2's unsharded parameters, which the optimizer does not hold:
+            # the step sees one gradient per shard whatever their number
+            state, transient = _two_steps(optimizer, trained, 1)
         except Exception as exc:  # noqa: BLE001 - the row shows why
             row["per_rank_note"] = f"its step over the shards needs real data ({type(exc).__name__}: {exc})"
             return

@@ -106,6 +106,10 @@ def test_fsdp2_adafactor_and_adascale_state_of_rank0s_rows() -> None:
     # momentum of the local shape; the gain's float64 statistics: two running averages, each with its biased,
     # unbiased and total forms and a count, and the progress
     assert adascale["per_rank"]["state_bytes"] == 4 * local + 8 * (2 * (1 + 3 + 1) + 1)
+    # backward passes accumulate on FSDP2's unsharded parameters: the state the step sees is the same
+    accumulating = {"type": "optcore-adascale:AdaScaleSGD", "lr": 0.1, "momentum": 0.9, "num_gradients_to_accumulate": 2}
+    (twice,) = predict_all([{"name": "a", "optimizer": accumulating}], Uneven, world_size=3, sharding="fsdp2")
+    assert twice["per_rank"] == adascale["per_rank"]
     assert torch_adafactor["per_rank"] is None and torch_adafactor["per_rank_note"].startswith("refused under fsdp2")
     assert "optcore-adafactor" in torch_adafactor["per_rank_note"]
 
