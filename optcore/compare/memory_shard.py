@@ -12,7 +12,13 @@ one rank holds, from the tensors that rank's optimizer actually sees.
   :class:`~optcore.placement.ShardedMuon` (each whole matrix orthogonalised on
   an owner rank): its momentum has the local shape, and the step's transient
   peak counts the rows it sends, the whole matrices rank 0 owns and their
-  Newton–Schulz workspace, as rank 0 allocates them.
+  Newton–Schulz workspace, as rank 0 allocates them. An optimizer whose
+  statistics cross shards (``factored``, ``global``) is built over ``Shard(0)``
+  DTensors of rank 0's rows and stepped as rank 0 of torch's ``fake`` process
+  group (:func:`on_mesh`): optcore-adafactor's Adafactor and optcore-adascale's
+  AdaScaleSGD allocate their state and reduction buffers as they do under
+  ``fully_shard``, and one the plan refuses over DTensors (torch's Adafactor)
+  is shown refused.
 - ``zero1|2|3`` (DeepSpeed's ZeRO): each param group is flattened, and each
   rank's optimizer steps one flat 1-D slice of it: ``ceil(n / 2N) * 2``
   elements at stages 1 and 2 (the flat group padded to DeepSpeed's alignment of
