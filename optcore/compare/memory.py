@@ -281,7 +281,7 @@ def predict_all(entries: Sequence[Mapping[str, Any]], factory: Callable[[], nn.M
     """One row per entry (see :func:`predict`), with totals, bytes per parameter
     and, with ``sharding`` over ``world_size`` ranks, what one rank holds (see
     :mod:`optcore.compare.memory_shard`)."""
-    from .memory_shard import per_rank
+    from .memory_shard import on_mesh, per_rank
 
     rows = []
     models = MetaModels(factory)
@@ -296,7 +296,7 @@ def predict_all(entries: Sequence[Mapping[str, Any]], factory: Callable[[], nn.M
                                f"{other['state_bytes']} B); give --model or --hf-config for the real shapes")  # fmt: skip
         _totals(row)
         row["world_size"], row["sharding"] = world_size, sharding
-        if sharding is not None and row["status"] == "ok":
+        if sharding is not None and (row["status"] == "ok" or on_mesh(cfg, sharding)):
             per_rank(row, cfg, on_meta(factory, param_dtype(cfg)), sharding, world_size, _accumulations(cfg))
         rows.append(row)
     return rows

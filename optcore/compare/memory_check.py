@@ -31,30 +31,41 @@ COMPARED = (("param_bytes", "params"), ("grad_bytes", "grads"), ("state_bytes", 
 
 
 def measure(cfg: Any, factory: Callable[[], nn.Module], accumulations: int = 1, sharding: str | None = None,
-            world_size: int = 1) -> dict[str, Any]:  # fmt: skip
-    """The figures of one real run of ``cfg`` on ``factory()`` (and of one rank's shards)."""
-    from .memory import step_on
+            world_size: int = 1, whole: bool = True) -> dict[str, Any]:  # fmt: skip
+    """The figures of one real run of ``cfg`` on ``factory()`` (and of one rank's
+    shards); ``whole=False``: of one rank's alone (AdaScaleSGD steps on several
+    ranks, not in one process)."""
     from .memory_shard import per_rank
 
     torch.manual_seed(0)
-    model = _real(factory, cfg)
+    measured: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        optimizer = optcore.build_optimizer(cfg, model)
-        params = [p for p in model.parameters() if p.requires_grad]
-        step_on(model, optimizer, accumulations)
-        measured: dict[str, Any] = {
-            "param_bytes": _bytes(model.parameters()),
-            "grad_bytes": None if isinstance(optimizer, StepInBackward) else _bytes(p.grad for p in params),
-            "state_bytes": optimizer_state_bytes(optimizer, params)["state_bytes"],
-        }
-        watch = LiveStorages()
-        step_on(model, optimizer, accumulations, watch=watch)
-        measured["transient_bytes"] = watch.peak
+        if whole:
+            measured.update(_whole(cfg, factory, accumulations))
         if sharding is not None:
             rank: dict[str, Any] = {}
             per_rank(rank, cfg, _real(factory, cfg), sharding, world_size, accumulations)
             measured["per_rank"] = rank["per_rank"]
+    return measured
+
+
+def _whole(cfg: Any, factory: Callable[[], nn.Module], accumulations: int) -> dict[str, Any]:
+    """The figures of one process stepping ``cfg`` on ``factory()``."""
+    from .memory import step_on
+
+    model = _real(factory, cfg)
+    optimizer = optcore.build_optimizer(cfg, model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    step_on(model, optimizer, accumulations)
+    measured: dict[str, Any] = {
+        "param_bytes": _bytes(model.parameters()),
+        "grad_bytes": None if isinstance(optimizer, StepInBackward) else _bytes(p.grad for p in params),
+        "state_bytes": optimizer_state_bytes(optimizer, params)["state_bytes"],
+    }
+    watch = LiveStorages()
+    step_on(model, optimizer, accumulations, watch=watch)
+    measured["transient_bytes"] = watch.peak
     return measured
 
 

@@ -12,7 +12,13 @@ one rank holds, from the tensors that rank's optimizer actually sees.
   :class:`~optcore.placement.ShardedMuon` (each whole matrix orthogonalised on
   an owner rank): its momentum has the local shape, and the step's transient
   peak counts the rows it sends, the whole matrices rank 0 owns and their
-  Newton–Schulz workspace, as rank 0 allocates them.
+  Newton–Schulz workspace, as rank 0 allocates them. An optimizer whose
+  statistics cross shards (``factored``, ``global``) is built over ``Shard(0)``
+  DTensors of rank 0's rows and stepped as rank 0 of torch's ``fake`` process
+  group (:func:`on_mesh`): optcore-adafactor's Adafactor and optcore-adascale's
+  AdaScaleSGD allocate their state and reduction buffers as they do under
+  ``fully_shard``, and one the plan refuses over DTensors (torch's Adafactor)
+  is shown refused.
 - ``zero1|2|3`` (DeepSpeed's ZeRO): each param group is flattened, and each
   rank's optimizer steps one flat 1-D slice of it: ``ceil(n / 2N) * 2``
   elements at stages 1 and 2 (the flat group padded to DeepSpeed's alignment of
@@ -31,13 +37,16 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 import optcore
+from optcore import ConfigError
 
+from .._config import typed_config
 from .._adapt import adapt
 from ..composite import StepInBackward
 from ..placement import ShardedMuon
@@ -80,6 +89,10 @@ def per_rank(row: dict[str, Any], cfg: Any, model: nn.Module, sharding: str, wor
         chunks = {id(p): fsdp2_chunk(p.shape, world_size) for p in all_params}
         param_bytes = sum(nbytes(chunks[id(p)][1], p) for p in all_params)
         grad_bytes = sum(nbytes(chunks[id(p)][1], p) for p in trained)
+        if on_mesh(cfg, sharding):
+            _rank0_on_mesh(row, cfg, model, {id(p): chunks[id(p)][0] for p in all_params}, world_size,
+                           param_bytes, grad_bytes)  # fmt: skip
+            return
         _to_local_shards(model, {id(p): chunks[id(p)][0] for p in all_params})
         trained = [p for p in model.parameters() if p.requires_grad]
     else:
@@ -123,10 +136,108 @@ def per_rank(row: dict[str, Any], cfg: Any, model: nn.Module, sharding: str, wor
     except Exception as exc:  # noqa: BLE001 - the row shows why
         row["per_rank_note"] = f"its step over the shards needs real data ({type(exc).__name__}: {exc})"
         return
+    _fill(row, param_bytes, grad_bytes, state, transient)
+
+
+def _fill(row: dict[str, Any], param_bytes: int, grad_bytes: int, state: int, transient: int) -> None:
     total = param_bytes + grad_bytes + state
     row["per_rank"] = {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "state_bytes": state,
                        "transient_bytes": transient, "total_bytes": total}  # fmt: skip
     row["per_rank_bytes"] = total
+
+
+def on_mesh(cfg: Any, sharding: str | None) -> bool:
+    """Whether rank 0 is predicted by stepping the optimizer's own DTensor path:
+    under FSDP2, an optimizer whose statistics cross shards (``factored``,
+    ``global``) either reduces them over the mesh with buffers of its own
+    (optcore-adafactor, optcore-adascale) or is refused when the plan is made,
+    and only its build over DTensors tells which, and what it allocates."""
+    if sharding != "fsdp2":
+        return False
+    try:
+        spec = optcore.resolve(typed_config(cfg)["type"])
+    except Exception:  # noqa: BLE001 - the build reports a bad name
+        return False
+    return getattr(spec.capabilities, "sharding", None) in ("factored", "global")
+
+
+@contextlib.contextmanager
+def _rank0_of(world_size: int) -> Iterator[Any]:
+    """A 1-D device mesh of ``world_size`` ranks in which this process is rank 0,
+    over torch's ``fake`` process group: every collective returns at once,
+    leaving the tensors as they are, so the step allocates what rank 0's does
+    and waits for nobody."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("fake", store=_fake_store()(), rank=0, world_size=world_size)
+    try:
+        yield init_device_mesh("cpu", (world_size,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _fake_store() -> Any:
+    """torch's store for the ``fake`` backend (importing it registers the backend), or None."""
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError:
+        return None
+    return FakeStore
+
+
+def _rank0_on_mesh(row: dict[str, Any], cfg: Any, model: nn.Module, shapes: dict[int, torch.Size], world_size: int,
+                   param_bytes: int, grad_bytes: int) -> None:  # fmt: skip
+    """Rank 0's state and step peak with each parameter a ``Shard(0)`` DTensor of
+    its local rows, as ``fully_shard`` hands them to the optimizer, built and
+    stepped twice as rank 0 of a fake process group (see :func:`on_mesh`)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or _fake_store() is None:
+        row["per_rank_note"] = ("not predicted under fsdp2: this torch has no distributed support with its 'fake' "
+                                "process group, on which rank 0's step over its shards is simulated")  # fmt: skip
+        return
+    if dist.is_initialized():
+        row["per_rank_note"] = ("not predicted under fsdp2: this process already has a process group, and rank 0's "
+                                "step is simulated on a process group of its own; run `optcore memory` alone")  # fmt: skip
+        return
+    with _rank0_of(world_size) as mesh:
+        _to_dtensor_shards(model, shapes, mesh)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                optimizer = optcore.build_optimizer(cfg, model)
+        except Exception as exc:  # noqa: BLE001 - the row shows why
+            refused = isinstance(exc, ConfigError) and any("DTensor" in why for _, why in exc.problems)
+            row["per_rank_note"] = f"{'refused under fsdp2' if refused else 'build'}: {exc}"
+            return
+        try:
+            # the backward passes run on FSDP2's unsharded parameters, which the optimizer does not hold:
+            # the step sees one gradient per shard whatever their number
+            state, transient = _two_steps(optimizer, trained, 1)
+        except Exception as exc:  # noqa: BLE001 - the row shows why
+            row["per_rank_note"] = f"its step over the shards needs real data ({type(exc).__name__}: {exc})"
+            return
+        finally:
+            getattr(optimizer, "unhook", lambda: None)()  # AdaScale's module hooks are process-wide
+    _fill(row, param_bytes, grad_bytes, state, transient)
+
+
+def _to_dtensor_shards(model: nn.Module, shapes: dict[int, torch.Size], mesh: Any) -> None:
+    """Each parameter of ``model`` replaced by a ``Shard(0)`` DTensor of ``mesh``
+    whose local tensor is rank 0's rows (``shapes``); a 0-dim one replicated."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None:
+                continue
+            local_shape = shapes[id(p)] if p.dim() else p.shape
+            local = torch.zeros(local_shape, dtype=p.dtype, device=p.device)
+            placement = Shard(0) if p.dim() else Replicate()
+            sharded = DTensor.from_local(local, mesh, [placement], run_check=False, shape=p.shape, stride=p.stride())
+            module._parameters[name] = nn.Parameter(sharded, p.requires_grad)
 
 
 def _owned_matrices(optimizer: Any, full: dict[int, tuple[int, ...]], world_size: int) -> str | None:

@@ -30,7 +30,8 @@ def optimizer_state_bytes(optimizer: Any, params: Iterable[Tensor]) -> dict[str,
     inner optimizer's parameters that are not the model's) and their gradients
     are part of it, and also reported alone as ``master_bytes``."""
     params = list(params)
-    model = {_storage_id(t) for p in params for t in (p, p.grad) if t is not None}
+    # a DTensor's bytes are its local shard's (see _tensors), so the model's are too
+    model = {_storage_id(t) for p in params for x in (p, p.grad) if x is not None for t in _tensors(x)}
     chain = [optimizer]
     inner = getattr(optimizer, "optimizer", None)
     while isinstance(inner, torch.optim.Optimizer) and all(inner is not o for o in chain):
@@ -69,7 +70,9 @@ def _tensors(obj: Any, depth: int = 0, objects: bool = False) -> Iterator[Tensor
         # not the logical fp32 size the wrapper reports
         names, _ = obj.__tensor_flatten__()
         for name in names:
-            yield from _tensors(getattr(obj, name), depth + 1, objects)
+            inner = getattr(obj, name)
+            if isinstance(inner, Tensor):  # a DTensor also names its device mesh, which is no state
+                yield from _tensors(inner, depth + 1, objects)
     elif isinstance(obj, Tensor):
         yield obj
     elif depth < 8 and isinstance(obj, Mapping):

@@ -16,7 +16,7 @@ import optcore
 from optcore.cli import main
 from optcore.compare.memory import _accumulations, predict, predict_all
 from optcore.compare.memory_check import differences, measure
-from optcore.compare.memory_shard import fsdp2_chunk, zero_slice
+from optcore.compare.memory_shard import fsdp2_chunk, on_mesh, zero_slice
 from optcore.testing import inputs_for
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -83,6 +83,37 @@ def test_coupled_updates_are_named_not_guessed_under_sharding() -> None:
     assert "factored" in adafactor["per_rank_note"]
 
 
+def test_fsdp2_adafactor_and_adascale_state_of_rank0s_rows() -> None:
+    """optcore-adafactor steps FSDP2's shards with statistics reduced over the mesh;
+    tests/memory/test_memory_fsdp2.py compares these figures with a real run."""
+    configs = [{"name": "f", "optimizer": {"type": "optcore-adafactor:Adafactor"}},
+               {"name": "m", "optimizer": {"type": "optcore-adafactor:Adafactor", "beta1": 0.9, "lr": 1e-2,
+                                           "relative_step": False}},
+               {"name": "s", "optimizer": {"type": "optcore-adascale:AdaScaleSGD", "lr": 0.1, "momentum": 0.9}},
+               {"name": "t", "optimizer": {"type": "torch:Adafactor"}}]  # fmt: skip
+    factored, moment, adascale, torch_adafactor = predict_all(configs, Uneven, world_size=3, sharding="fsdp2")
+    # rank 0's rows: fc1.weight 3 of 7, fc1.bias 3 of 7, fc2.weight 1 of 2, emb.weight 4 of 10
+    rows, local = 3 + 1 + 4, 3 * 5 + 3 + 1 * 7 + 4 * 4
+    cols = 5 + 7 + 4  # a matrix's column statistic is replicated: all of it on every rank
+    state = 4 * (rows + cols + 3 + 4)  # the vector's second moment has its 3 rows; one 0-dim RMS per tensor
+    assert factored["per_rank"]["state_bytes"] == state
+    assert moment["per_rank"]["state_bytes"] == state + 4 * local  # the first moment has the local shape
+    # the step holds G² + eps1 of the local shape while phase 1's float64 sums (sum X², a split matrix's
+    # column sums and sum of its row statistic) are reduced in one buffer
+    reduced = 8 * ((1 + 5 + 1) + 1 + (1 + 7 + 1) + (1 + 4 + 1))
+    assert factored["per_rank"]["transient_bytes"] >= 4 * local + reduced
+    assert adascale["status"] == "not predicted"  # one process gives one gradient sample
+    # momentum of the local shape; the gain's float64 statistics: two running averages, each with its biased,
+    # unbiased and total forms and a count, and the progress
+    assert adascale["per_rank"]["state_bytes"] == 4 * local + 8 * (2 * (1 + 3 + 1) + 1)
+    # backward passes accumulate on FSDP2's unsharded parameters: the state the step sees is the same
+    accumulating = {"type": "optcore-adascale:AdaScaleSGD", "lr": 0.1, "momentum": 0.9, "num_gradients_to_accumulate": 2}
+    (twice,) = predict_all([{"name": "a", "optimizer": accumulating}], Uneven, world_size=3, sharding="fsdp2")
+    assert twice["per_rank"] == adascale["per_rank"]
+    assert torch_adafactor["per_rank"] is None and torch_adafactor["per_rank_note"].startswith("refused under fsdp2")
+    assert "optcore-adafactor" in torch_adafactor["per_rank_note"]
+
+
 def test_transient_peak_is_the_implementations_temporaries() -> None:
     """torch's fused kernel updates in place; its foreach path allocates lists of
     temporaries: the step peak tells them apart while the resident state is the same."""
@@ -115,9 +146,10 @@ NATIVE = {"optcore-lion:Lion": None, "optcore-adafactor:Adafactor": {"implementa
 
 def _check(config: dict, factory, sharding: str | None = None, world_size: int = 1, native_kernel: bool = False) -> dict:
     (row,) = predict_all([{"name": "x", "optimizer": config}], factory, world_size=world_size, sharding=sharding)
-    if row["status"] != "ok":
+    if row["status"] != "ok" and row.get("per_rank") is None:
         return row
-    measured = measure(row["config"], factory, _accumulations(row["config"]), sharding, world_size)
+    measured = measure(row["config"], factory, _accumulations(row["config"]), sharding, world_size,
+                       whole=row["status"] == "ok")  # fmt: skip
     differ = differences(row, measured)
     if native_kernel:  # its scratch memory is not tensors, and the meta device takes the torch path
         differ = [d for d in differ if "transient" not in d]
@@ -135,13 +167,18 @@ def test_check_measures_what_was_predicted(spec) -> None:
         row = _check(config, factory, native_kernel=native)
         if row["status"] == "not predicted":
             assert inputs.needs_closure or "*" in inputs.skip, row["note"]
+            if on_mesh(config, "fsdp2"):  # AdaScaleSGD: not in one process, on every rank of several; LBFGS: refused
+                sharded = _check(config, factory, "fsdp2", 3)
+                assert sharded["per_rank"] is not None or "refused under fsdp2" in sharded["per_rank_note"]
             return
         if row["status"] == "failed":
             pytest.skip(f"does not build with its conformance inputs: {row['note']}")
         if NATIVE.get(spec.qualified):  # on the torch path every figure is exact, the transient included
             _check({**config, **NATIVE[spec.qualified]}, factory)
         for sharding in ("fsdp2", "zero2", "zero3"):
-            _check(config, factory, sharding, 3, native_kernel=native)
+            sharded = _check(config, factory, sharding, 3, native_kernel=native)
+            if sharding == "fsdp2" and on_mesh(config, sharding):  # its own DTensor path, or refused
+                assert sharded["per_rank"] is not None or "refused under fsdp2" in sharded["per_rank_note"]
 
 
 @pytest.mark.parametrize("config", PRECISION, ids=lambda c: f"{c['type']}-{c['precision']}")
