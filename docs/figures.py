@@ -229,6 +229,18 @@ def render_bench_adascale(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_bench_adascale_ddp(data: dict[str, Any]) -> str:
+    lines = ["| size | AdaScaleSGD vs SGD, per iteration (median; range) | AdaScaleSGD | SGD |", "|---|---:|---:|---:|"]
+    for row in data["rows"]:
+        low, high = row["ratio_range"]
+        lines.append(
+            f"| {row['params'] / 1e6:.1f}M ({row['tensors']} tensors, {row['rows_per_rank']} rows per rank) "
+            f"| {row['ratio']:.2f}x ({low:.2f}-{high:.2f}) | {row['adascale_ms']:.1f} ms | {row['sgd_ms']:.1f} ms |"
+        )
+    lines += ["", _footer(data, f" of {data['reps']} iterations, {data['world_size']} DDP ranks (gloo), fp32")]
+    return "\n".join(lines)
+
+
 def render_road(data: dict[str, Any]) -> str:
     parts = []
     for r in data["roads"]:
@@ -485,6 +497,14 @@ FIGURES: list[Figure] = [
         "python benchmarks/bench_adafactor.py --sizes 10M,100M --ours c --peers none --modes relative,manual "
         "--json docs/results/bench_adafactor.json",
         render_bench_adafactor,
+    ),
+    Figure(
+        "bench-adascale-ddp",
+        ROOT / "plugins" / "optcore-adascale" / "README.md",
+        RESULTS / "bench_adascale_ddp.json",
+        "python benchmarks/bench_adascale_ddp.py --sizes 10M 100M --rounds 5 --reps 3 "
+        "--json docs/results/bench_adascale_ddp.json",
+        render_bench_adascale_ddp,
     ),
     Figure(
         "bench-lion",
