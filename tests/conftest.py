@@ -44,3 +44,19 @@ def fake_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     for module in added:
         sys.modules.pop(module, None)
     plugins.refresh()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (scripts/dev test): the tests of a file
+    that share something wider than one test (a module- or session-scoped fixture of
+    the suite's own, such as a spawned process group or a database server, or the
+    results a ``distributed`` module keeps between its tests) run on one worker, so
+    it is made once; every other test goes wherever a worker is free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        shared = info is not None and any(
+            defs and defs[-1].scope != "function" and defs[-1].baseid  # pytest's own (tmp_path_factory) have no baseid
+            for defs in info.name2fixturedefs.values()
+        )
+        if shared or item.get_closest_marker("distributed") is not None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
