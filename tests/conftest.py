@@ -52,6 +52,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the suite's own, such as a spawned process group or a database server, or the
     results a ``distributed`` module keeps between its tests) run on one worker, so
     it is made once; every other test goes wherever a worker is free."""
+    if not config.pluginmanager.hasplugin("xdist"):  # the marker is pytest-xdist's
+        return
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         shared = info is not None and any(
