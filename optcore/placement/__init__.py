@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import inspect
 import sys
 import warnings
 import zlib
@@ -49,6 +48,7 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError
+from ._dcp_flat import dcp_code, frame_of
 from ._dcp_flat import flat_record as flat_record
 from ._owned import ShardedMuon, is_dtensor, layout_problem
 
@@ -165,11 +165,7 @@ def check_not_reshaped(optimizer: Any) -> None:
 
 def in_dcp_get() -> bool:
     """Whether DCP's ``get_optimizer_state_dict`` is asking for a state dict."""
-    module = sys.modules.get("torch.distributed.checkpoint.state_dict")
-    function = getattr(module, "_get_optim_state_dict", None)
-    # torch wraps it in torch.no_grad(): the wrapper's code is on the stack of every
-    # no_grad-decorated function, so look for the function's own code.
-    return _on_stack(getattr(inspect.unwrap(function), "__code__", None) if function is not None else None)
+    return _on_stack(dcp_code("_get_optim_state_dict"))
 
 
 def check_dcp_layout(optimizer: Any, state_dict: Any) -> None:
@@ -204,14 +200,8 @@ def _in_zero_step() -> bool:
 
 
 def _on_stack(code: Any, depth: int = 12) -> bool:
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None or code is None:
-            return False
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back
-    return False
+    """Whether ``code`` runs in one of ``depth`` frames above the caller of our caller."""
+    return frame_of(code, start=2, depth=depth) is not None
 
 
 def _has_state(optimizer: Any) -> bool:
@@ -220,9 +210,7 @@ def _has_state(optimizer: Any) -> bool:
 
 def in_dcp_init() -> bool:
     """Whether DCP's ``_init_optim_state`` is on the stack (a few frames up)."""
-    module = sys.modules.get("torch.distributed.checkpoint.state_dict")
-    function = getattr(module, "_init_optim_state", None)
-    return _on_stack(getattr(inspect.unwrap(function), "__code__", None) if function is not None else None)
+    return _on_stack(dcp_code("_init_optim_state"))
 
 
 class InitStep:

@@ -22,10 +22,8 @@ from typing import Any
 from .._errors import ConfigError, warn_user
 from .._values import clean_text
 from . import PLACEHOLDER, check_dcp_layout
-from ._dcp_flat import flat_record
+from ._dcp_flat import RECORD, flat_record
 
-#: the key of optcore's record, at the top level and in each saved param group
-RECORD = "optcore"
 #: a state dict's sections that are torch's (the rest is the optimizer's own)
 TORCH_SECTIONS = ("state", "param_groups")
 #: param group entries that say how the step runs, not what it computes: chosen

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-#: the key of optcore's record in a saved param group (optcore._checkpoint.RECORD)
+#: the key of optcore's record, at the top level and in each saved param group
 RECORD = "optcore"
 
 
@@ -28,7 +28,7 @@ def flat_record() -> Mapping[str, Any] | None:
     the record saved with the first param group of the optimizer it loads
     (``param_groups.<fqn>.optcore`` of that group's first parameter), which
     the unflattened dict handed to ``load_state_dict`` lacks; else ``None``."""
-    frame = _loading_frame()
+    frame = frame_of(dcp_code("_load_optim_state_dict"), start=0)
     if frame is None:
         return None
     info, flat, optim = (frame.f_locals.get(k) for k in ("info", "state_dict", "optim"))
@@ -44,16 +44,21 @@ def flat_record() -> Mapping[str, Any] | None:
     return None
 
 
-def _loading_frame(depth: int = 12) -> Any:
-    """The frame of DCP's ``_load_optim_state_dict`` a few frames up, if any."""
-    module = sys.modules.get("torch.distributed.checkpoint.state_dict")
-    function = inspect.unwrap(getattr(module, "_load_optim_state_dict", None) or (lambda: None))
-    code = getattr(function, "__code__", None)  # torch.no_grad() wraps it: the frame is the unwrapped one
-    if code is None:
-        return None
-    frame = sys._getframe(1)
+def dcp_code(name: str) -> Any:
+    """The code object of ``torch.distributed.checkpoint.state_dict``'s function
+    ``name`` (``None`` before DCP is imported). torch wraps some of them in
+    ``torch.no_grad()``, whose wrapper code every no_grad-decorated function
+    shares: the frame to look for runs the function's own code."""
+    function = getattr(sys.modules.get("torch.distributed.checkpoint.state_dict"), name, None)
+    return getattr(inspect.unwrap(function), "__code__", None) if function is not None else None
+
+
+def frame_of(code: Any, start: int, depth: int = 12) -> Any:
+    """The frame running ``code`` among ``depth`` frames from ``start`` frames
+    above the caller (0: the caller itself), or ``None``."""
+    frame = sys._getframe(start + 1)
     for _ in range(depth):
-        if frame is None:
+        if frame is None or code is None:
             return None
         if frame.f_code is code:
             return frame
