@@ -28,6 +28,16 @@ SOURCE = Path(__file__).parent / "csrc" / "lion_fp32.c"
 
 _PARALLEL_MIN = 1 << 16  # elements per step below which one thread is faster
 
+#: Tried in order: OpenMP threads and one clone per vector unit; without the
+#: clones (a toolchain without ifunc); without threads. Never a fused
+#: multiply-add the source does not write, so every element rounds alike
+#: wherever it falls in the vector loop (a flat parameter steps bit for bit as
+#: its pieces do).
+_FLAG_SETS = tuple(
+    (*flags, "-ffp-contract=off")
+    for flags in (("-fopenmp",), ("-fopenmp", "-DNO_CLONES"), ("-DNO_CLONES", "-Wno-unknown-pragmas"))
+)
+
 #: Why the kernel could not be built, once :func:`load` has failed.
 unavailable_reason: str | None = None
 
@@ -36,7 +46,7 @@ unavailable_reason: str | None = None
 def load() -> ctypes.CDLL | None:
     """The compiled kernel (built and cached on first call), or ``None``."""
     global unavailable_reason
-    lib, unavailable_reason = build_c_library("lion_fp32", [SOURCE])
+    lib, unavailable_reason = build_c_library("lion_fp32", [SOURCE], _FLAG_SETS)
     if lib is not None:
         P = ctypes.POINTER(ctypes.c_void_p)
         f = ctypes.c_float
