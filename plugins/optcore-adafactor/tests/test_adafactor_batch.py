@@ -310,11 +310,34 @@ def test_rms_of_x_comes_from_the_last_write_once_known(monkeypatch: pytest.Monke
         assert changed == 0.0 and written == pytest.approx(float(matrix.detach().double().pow(2).sum()), rel=1e-6)
     assert read_x == [[1.0, 1.0]] + [[0.0, 1.0]] * 3
     assert id(vector) not in opt._memo  # vectors: one pass reads everything anyway
-    manual = Adafactor([torch.randn(4, 4, requires_grad=True)], lr=1e-2, relative_step=False, scale_parameter=False)
-    p = manual.param_groups[0]["params"][0]
-    p.grad = torch.randn_like(p)
-    manual.step()
-    assert id(p) not in manual._memo  # no RMS(x), nothing to remember
+
+
+@pytest.mark.parametrize("shared_min", [1 << 62, 0], ids=["whole", "rows split"])
+def test_without_scale_parameter_pass_1_never_reads_x_and_rms_is_still_stored(
+    monkeypatch: pytest.MonkeyPatch, shared_min: int
+) -> None:
+    """scale_parameter=False: the step size does not depend on RMS(x), so pass 1
+    reads only g, and pass 2 adds up RMS(x) of the x it reads to store it as
+    Hugging Face does (the state of each step: RMS of x before it)."""
+    monkeypatch.setattr(_cpu_kernel, "SHARED_MIN", shared_min)
+    read_x: list[float] = []
+    run = _cpu_kernel.Batch.run
+
+    def recorded(self: _cpu_kernel.Batch, out: object = None) -> None:
+        out = (ctypes.c_double * (4 * len(self)))()
+        run(self, out)
+        read_x.append(out[3])
+
+    monkeypatch.setattr(_cpu_kernel.Batch, "run", recorded)
+    gen = torch.Generator().manual_seed(3)
+    p = torch.randn(37, 64, generator=gen).requires_grad_()
+    opt = Adafactor([p], lr=1e-2, relative_step=False, scale_parameter=False, beta1=0.9, weight_decay=0.1)
+    for _ in range(3):
+        p.grad = torch.randn(p.shape, generator=gen)
+        before = float(p.detach().double().pow(2).mean().sqrt())
+        opt.step()
+        assert float(opt.state[p]["RMS"]) == pytest.approx(before, rel=1e-6)
+    assert read_x == [0.0] * 3 and id(p) not in opt._memo  # nothing to remember between steps
 
 
 CHANGES = {

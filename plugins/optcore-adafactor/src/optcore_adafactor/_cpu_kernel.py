@@ -11,7 +11,9 @@ writing X (and M); per vector the same with a full second moment. From the
 second step on, pass 1 takes RMS(X) from the sum of squares pass 2 computed
 as it wrote X, and pass 2 checks it against the X it reads (see
 ``csrc/adafactor_fp32.c``), so
-relative-step mode moves 16 bytes per element, as manual-lr mode does. One call
+relative-step mode moves 16 bytes per element, as manual-lr mode does. Without
+``scale_parameter`` RMS(X) is still stored (Hugging Face keeps it in the state),
+and pass 2 adds it up from the X it reads: no pass reads X for it alone. One call
 per optimizer step means one fork and join of the OpenMP threads and no
 Python in between: small tensors go whole to one thread each, large ones are
 split by rows over all threads (:data:`SHARED_MIN`).
@@ -182,15 +184,18 @@ class Batch:
     def add(
         self, param: Tensor, grad: Tensor, exp_avg: Tensor | None, stats: Sequence[Tensor], rms: Tensor | None,
         scalars: tuple[float, float, float, float, float, float, float, float], *, strict: bool = False,
-        memo: int = 0, shape: tuple[int, ...] | None = None,
+        memo: int = 0, shape: tuple[int, ...] | None = None, scale: bool = True,
     ) -> bool:
         """Add the step of one parameter: a matrix (``stats`` = row, col
         statistics) or a vector or scalar (``stats`` = the full second moment).
-        ``rms`` (the 0-dim state, or ``None`` without scale_parameter) receives
-        RMS(X). ``scalars``: beta2t, inv_scale, eps1, eps2, rho, clip_threshold,
-        beta1, weight_decay. ``memo``: the address of a matrix's two doubles
-        that let pass 1 skip reading X (see SOURCE; NaN and 0 to start, kept
-        by the caller for the parameter), or 0. Returns whether it was added:
+        ``rms`` (the 0-dim state, or ``None``) receives RMS(X) before the
+        step; with ``scale`` (scale_parameter) the step size is
+        max(eps2, RMS(X)) rho, without it rho (then pass 2 adds RMS(X) up as
+        it reads X: no pass reads X for it alone). ``scalars``: beta2t,
+        inv_scale, eps1, eps2, rho, clip_threshold, beta1, weight_decay.
+        ``memo``: the address of a matrix's two doubles that let pass 1 skip
+        reading X with ``scale`` (see SOURCE; NaN and 0 to start, kept by the
+        caller for the parameter), or 0. Returns whether it was added:
         ``False`` if a tensor is one the loops cannot take (with ``strict``: a
         ``ValueError`` saying why). ``shape``: ``tuple(param.shape)``, where
         the caller has it (a tuple: torch.Size compares faster with one than
@@ -220,6 +225,7 @@ class Batch:
         self.dims.extend(dims)
         self.ptrs.extend((x, g, mom, row, col, rms_ptr, memo))
         self.scalars.extend(scalars)
+        self.scalars.append(1.0 if scale else 0.0)
         return True
 
     def run(self, out: ctypes.Array | None = None) -> None:

@@ -176,11 +176,6 @@ class Adafactor(Optimizer):
         batch = None if torch.compiler.is_compiling() else _cpu_kernel.Batch.new()
         native, functional = self._route(work, batch, scale)
         if batch is not None:
-            fp32 = [(state["RMS"], p) for group, p, state in native if not group["scale_parameter"]]
-            if fp32:  # RMS(X_{t-1}) as Hugging Face stores it; the loops store it only where they use it
-                norms = torch._foreach_norm([p for _, p in fp32], 2)
-                roots = [math.sqrt(max(1, p.numel())) for _, p in fp32]
-                torch._foreach_copy_([r for r, _ in fp32], torch._foreach_div(list(norms), roots))
             batch.run()  # raises before writing anything if it cannot run
         for _, _, state in native:
             state["step"] += 1
@@ -300,16 +295,15 @@ class Adafactor(Optimizer):
                 1.0 - math.pow(t, group["decay_rate"]), 1.0 / scale, eps1, eps2, float(rho),
                 group["clip_threshold"], beta1 or 0.0, group["weight_decay"],
             )
-        rms = rms if group["scale_parameter"] else None
         # RMS(X) as the loops last wrote X, checked as they next read it (see _cpu_kernel.SOURCE)
         memo = None
-        if rms is not None and matrix:
+        if group["scale_parameter"] and matrix:
             memo = self._memo.get(id(p))
             if memo is None:
                 memo = self._memo[id(p)] = array("d", (math.nan, 0.0))
         try:
-            added = batch.add(p, p.grad, exp_avg, stats, rms, scalars,
-                              memo=0 if memo is None else memo.buffer_info()[0], shape=shape)
+            added = batch.add(p, p.grad, exp_avg, stats, rms, scalars, memo=0 if memo is None else memo.buffer_info()[0],
+                              shape=shape, scale=group["scale_parameter"])
         except ValueError as exc:  # a tensor whose storage no longer holds it: no path may read it
             raise StepError(f"Adafactor cannot step {self._where(group, p)}: {exc}",
                             param=self._where(group, p)) from exc

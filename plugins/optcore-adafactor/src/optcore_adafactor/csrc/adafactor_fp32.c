@@ -29,11 +29,14 @@
      ptrs[7k .. 7k+6]       x, g, mom (or NULL), row (vector: v), col (vector:
                             NULL), rms (NULL: RMS(x) is neither needed nor stored),
                             memo (or NULL; matrices with rms only, see below)
-     f[8k .. 8k+7]          beta2t, inv_scale, eps1, eps2, rho, clip, beta1, wd
+     f[9k .. 9k+8]          beta2t, inv_scale, eps1, eps2, rho, clip, beta1, wd,
+                            scale (1: scale_parameter, 0: not)
      out[4k .. 4k+3]        (may be NULL) RMS(x) before the step, step size, RMS(U),
-                            1 if pass 1 read x (0: RMS(x) came from memo[0])
-   A non-NULL rms is scale_parameter: the step size is max(eps2, RMS(x)) rho
-   and RMS(x) is stored there.
+                            1 if pass 1 read x (0: RMS(x) came from memo[0] or
+                            from pass 2)
+   A non-NULL rms receives RMS(x) before the step (Hugging Face's state). With
+   scale the step size is max(eps2, RMS(x)) rho; without it, rho, and pass 2
+   adds up RMS(x) of the x it reads anyway: no pass reads x for it alone.
 
    memo (2 doubles the optimizer keeps per matrix): memo[0] is sum x^2 of the
    x these loops wrote last step (NaN: unknown), memo[1] is 1 when the last
@@ -48,7 +51,7 @@
    next step reads x in pass 1 again. Either way the step is the one RMS(x)
    of the x actually read gives. */
 #define NPTR 7
-#define NF 8
+#define NF 9
 
 typedef struct {
   int64_t n, m;
@@ -58,13 +61,14 @@ typedef struct {
   double *memo;
   const double *f;
   double *out;
+  int scale;  /* scale_parameter: the step size depends on RMS(x) */
   int read_x; /* pass 1 reads x for RMS(x) */
 } job_t;
 
 /* max(eps2, RMS(x)) rho, or rho without scale_parameter */
 static double step_size(const job_t *j, double xsq) {
   const double rms_x = sqrt(xsq / ((double)j->n * (double)j->m));
-  return j->rms ? (rms_x > j->f[3] ? rms_x : j->f[3]) * j->f[4] : j->f[4];
+  return j->scale ? (rms_x > j->f[3] ? rms_x : j->f[3]) * j->f[4] : j->f[4];
 }
 
 static job_t job_at(int64_t k, const int64_t *dims, void *const *ptrs, const double *f, double *out) {
@@ -77,11 +81,12 @@ static job_t job_at(int64_t k, const int64_t *dims, void *const *ptrs, const dou
   j.row = (float *)ptrs[NPTR * k + 3];
   j.col = (float *)ptrs[NPTR * k + 4];
   j.rms = (float *)ptrs[NPTR * k + 5];
-  j.memo = j.rms && j.m ? (double *)ptrs[NPTR * k + 6] : 0;
   j.f = f + NF * k;
+  j.scale = j.rms && j.f[8] != 0.0;
+  j.memo = j.scale && j.m ? (double *)ptrs[NPTR * k + 6] : 0;
   j.out = out ? out + 4 * k : 0;
   /* the memo is trusted only where the fix-up can undo a wrong step size: 1 - decay well above 0 */
-  j.read_x = j.rms && !(j.memo && j.memo[1] == 0.0 && j.memo[0] == j.memo[0] && j.f[7] * step_size(&j, j.memo[0]) < 0.5);
+  j.read_x = j.scale && !(j.memo && j.memo[1] == 0.0 && j.memo[0] == j.memo[0] && j.f[7] * step_size(&j, j.memo[0]) < 0.5);
   return j;
 }
 
@@ -151,7 +156,8 @@ static CLONES double stats_rows(const job_t *j, int64_t lo, int64_t hi, float *R
 /* Between the passes, O(n + m): C_t into col from the column sums sq, the
    factors c (into cf, m) and r (into rf, n, with the step size and sign in
    it), RMS(U) = sqrt(mean(R) sum_j w_j / C_j / (n m)) (see optcore_adafactor._cpu_kernel), the
-   step size; stores RMS(x) (from xsq, or memo[0] when pass 1 did not read x).
+   step size; with scale, stores RMS(x) (from xsq, or memo[0] when pass 1 did
+   not read x; without scale, store_rms does once pass 2 has read x).
    Returns the decay factor wd * step size. */
 static float factors(const job_t *j, const float *sq, const float *w, double xsq, float *RESTRICT cf, float *RESTRICT rf) {
   const int64_t n = j->n, m = j->m;
@@ -166,7 +172,7 @@ static float factors(const job_t *j, const float *sq, const float *w, double xsq
     wsum += (double)w[k] / ck;
     cf[k] = 1.0f / sqrtf(ck);
   }
-  if (j->rms && !j->read_x) xsq = j->memo[0];
+  if (j->scale && !j->read_x) xsq = j->memo[0];
   const double rms_u = sqrt(wsum * row_mean * inv_s2 / ((double)n * (double)m));
   const double rms_x = sqrt(xsq / ((double)n * (double)m));
   const double clip = j->f[5], beta1 = j->f[6];
@@ -174,7 +180,7 @@ static float factors(const job_t *j, const float *sq, const float *w, double xsq
   const double lr = step / (rms_u / clip > 1.0 ? rms_u / clip : 1.0) * j->f[1];
   const float rs = j->mom ? (float)((1.0 - beta1) * lr) : (float)(-lr);
   for (int64_t i = 0; i < n; ++i) rf[i] = rs / sqrtf(j->row[i] / row_mean);
-  if (j->rms) *j->rms = (float)rms_x;
+  if (j->scale) *j->rms = (float)rms_x;
   if (j->out) { j->out[0] = rms_x; j->out[1] = step; j->out[2] = rms_u; j->out[3] = j->read_x; }
   return (float)(j->f[7] * step);
 }
@@ -270,6 +276,13 @@ static CLONES void fix_rows(const job_t *j, int64_t lo, int64_t hi, const float 
   }
 }
 
+/* Without scale: RMS(x) from the sum of squares of the x pass 2 read. */
+static void store_rms(const job_t *j, double read_sq) {
+  const double rms_x = sqrt(read_sq / ((double)j->n * (double)j->m));
+  *j->rms = (float)rms_x;
+  if (j->out) j->out[0] = rms_x;
+}
+
 /* After pass 2 of a job with a memo, from the sum of the x it read: records
    whether x had changed since these loops wrote it (memo[1]; left as it is
    when memo[0] is unknown), and returns whether the step used memo[0] for a
@@ -303,7 +316,7 @@ static CLONES void vector_job(const job_t *j) {
   }
   const double rms_u = sqrt(usq / (double)n), rms_x = sqrt(xsq / (double)n);
   const double rho = j->f[4], clip = j->f[5];
-  const double step = j->rms ? (rms_x > j->f[3] ? rms_x : j->f[3]) * rho : rho;
+  const double step = j->scale ? (rms_x > j->f[3] ? rms_x : j->f[3]) * rho : rho;
   const float lr = (float)(step / (rms_u / clip > 1.0 ? rms_u / clip : 1.0));
   const float decay = (float)(j->f[7] * step);
   for (int64_t k = 0; k < n; ++k) {
@@ -317,7 +330,7 @@ static CLONES void vector_job(const job_t *j) {
     }
   }
   if (j->rms) *j->rms = (float)rms_x;
-  if (j->out) { j->out[0] = rms_x; j->out[1] = step; j->out[2] = rms_u; j->out[3] = j->rms != 0; }
+  if (j->out) { j->out[0] = rms_x; j->out[1] = step; j->out[2] = rms_u; j->out[3] = 1; }
 }
 
 /* One factored job by one thread; scratch: 3 m + n floats. */
@@ -328,8 +341,11 @@ static void matrix_job(const job_t *j, float *scratch) {
   const double xsq = stats_rows(j, 0, j->n, sq, w);
   const float decay = factors(j, sq, w, xsq, cf, rf);
   double sums[2];
-  apply_rows(j, 0, j->n, cf, rf, decay, j->memo ? sums : 0);
-  if (!j->memo) return;
+  apply_rows(j, 0, j->n, cf, rf, decay, j->memo || (j->rms && !j->scale) ? sums : 0);
+  if (!j->memo) {
+    if (j->rms && !j->scale) store_rms(j, sums[0]);
+    return;
+  }
   float ratio, dc;
   const int fix = check_memo(j, sums[0], &ratio, &dc);
   if (fix) fix_rows(j, 0, j->n, cf, rf, ratio, decay, dc);
@@ -417,15 +433,18 @@ int adafactor_step_batch(int64_t count, const int64_t *dims, void *const *ptrs, 
         }
         decay = factors(&j, base, base + j.m, xsq, cf, rf);
       } /* implicit barrier */
-      apply_rows(&j, lo, hi, cf, rf, decay, j.memo ? sums + 2 * t : 0);
-      if (!j.memo) continue;
+      const int rms_after = j.rms && !j.scale;
+      apply_rows(&j, lo, hi, cf, rf, decay, j.memo || rms_after ? sums + 2 * t : 0);
+      if (!j.memo && !rms_after) continue;
 #pragma omp barrier
 #pragma omp single
       {
         double read_sq = 0.0;
         for (int u = 0; u < nt; ++u) read_sq += sums[2 * u];
-        fix = check_memo(&j, read_sq, &ratio, &dc);
+        if (j.memo) fix = check_memo(&j, read_sq, &ratio, &dc);
+        else store_rms(&j, read_sq);
       } /* implicit barrier */
+      if (!j.memo) continue;
       if (fix) fix_rows(&j, lo, hi, cf, rf, ratio, decay, dc);
 #pragma omp barrier
 #pragma omp single
