@@ -27,7 +27,7 @@ import torch
 
 import optcore
 
-from common import StreamProbe, transformer_shaped  # benchmarks/common.py
+from common import StreamProbe, machine, transformer_shaped  # benchmarks/common.py
 
 
 def step_times(opts: dict[str, torch.optim.Optimizer], repeats: int, probe: StreamProbe) -> dict[str, list[float]]:
@@ -109,7 +109,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", metavar="PATH", help="also write the results (docs/figures.py renders the README from them)")
     args = parser.parse_args()
-    record: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": []}
+    record: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+                    "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": []}
     if hasattr(os, "getloadavg"):
         record["load_average"] = round(os.getloadavg()[0], 1)
     torch.set_num_threads(os.cpu_count() or 1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -91,15 +92,43 @@ class StreamProbe:
         return max(self.samples)
 
 
+def machine() -> str:
+    """The machine a figure was measured on, as its footer says it: the CPU's
+    model name, logical CPUs, widest x86 vector unit and last-level cache. A
+    ratio to the bandwidth bound depends on all four (a working set that fits
+    the cache is bound by arithmetic, not memory)."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = " ".join(value.split())
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    parts = [model or platform.processor() or platform.machine(), f"{os.cpu_count()} logical CPUs"]
+    parts += [name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags][:1]
+    levels = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/level"), key=lambda p: int(p.read_text()))
+    if levels:  # the size reads e.g. "491520K"
+        size = (levels[-1].parent / "size").read_text().strip()
+        kib = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[-1] in "KM" else int(size) // 1024
+        parts.append(f"L{levels[-1].read_text().strip()} cache {kib // 1024} MiB")
+    return ", ".join(parts)
+
+
 def write_results(path: str, script: str, argv: Sequence[str] | None, load_before: float, **fields: Any) -> None:
     """Write a benchmark's results file for docs/figures.py: the command that
-    made it (as the README quotes it), when, torch, threads, the load average
-    before and after the run, and ``fields`` (``rounds``, ``rows``, ...)."""
+    made it (as the README quotes it), when, on what machine (:func:`machine`),
+    torch, threads, the load average before and after the run, and ``fields``
+    (``rounds``, ``rows``, ...)."""
     args = sys.argv[1:] if argv is None else list(argv)
     cold = "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 " if os.environ.get("TORCHINDUCTOR_FORCE_DISABLE_CACHES") == "1" else ""
     record = {
         "command": cold + " ".join(["python", f"benchmarks/{script}", *args]),
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": fields.pop("machine", machine()),
+        "torch": torch.__version__,
         "threads": torch.get_num_threads(), **{k: v for k, v in fields.items() if k != "rows"},
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)], "rows": fields.get("rows", []),
     }

@@ -59,7 +59,7 @@ def render_bench_core(data: dict[str, Any]) -> str:
     load = f", load average {data['load_average']}" if "load_average" in data else ""
     lines += [
         "",
-        f"torch {data['torch']}, {data['threads']} threads{load}. The bound is the bytes a step must move "
+        f"{data.get('when', 'Measured')} on {_machine(data)}; torch {data['torch']}, {data['threads']} threads{load}. The bound is the bytes a step must move "
         "(28 per parameter for AdamW, 20 for SGD with momentum) over the in-place `a.add_(b)` bandwidth "
         f"sampled in the same rounds ({bandwidths} GB/s). `import optcore` after `import torch`: "
         f"{data['import_ms']:.1f} ms (goal <= 30 ms); the first look-up of a plugin name among 50 extra "
@@ -128,18 +128,20 @@ def render_bench_adafactor(data: dict[str, Any]) -> str:
             f"| {row['x_bound']:.2f} ({low:.2f}-{high:.2f}) | {row['x_floor']:.2f} | {row['floor_x_bound']:.2f} "
             f"| {row['x_hf']:.2f} |"
         )
-    lines += [
-        "",
-        f"{data['when']}, torch {data['torch']}, fp32, {data['threads']} threads, {data['rounds']} rounds, load "
-        f"average {data['load_average'][0]}-{data['load_average'][1]}: `{data['command']}`",
-    ]
+    lines += ["", _footer(data, ", fp32")]
     return "\n".join(lines)
 
 
+def _machine(data: dict[str, Any]) -> str:
+    """Where a benchmark ran, as its results file records it (``benchmarks/common.py:machine``)."""
+    return data.get("machine", "machine not recorded")
+
+
 def _footer(data: dict[str, Any], extra: str = "") -> str:
-    """The line under a benchmark table: when, torch, threads, rounds, load and the command."""
+    """The line under a benchmark table: when, on what machine, torch, threads, rounds, load and the command."""
     return (
-        f"{data['when']}, torch {data['torch']}, {data['threads']} threads, {data['rounds']} rounds{extra}, load "
+        f"{data['when']} on {_machine(data)}; torch {data['torch']}, {data['threads']} threads, "
+        f"{data['rounds']} rounds{extra}, load "
         f"average {data['load_average'][0]}-{data['load_average'][1]}: `{data['command']}`"
     )
 

@@ -4,6 +4,8 @@ was rendered from (docs/figures.py): the README cannot drift from what was measu
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from bench_helpers import ROOT, figures
@@ -69,3 +71,30 @@ def test_the_protocol_summary_keeps_each_tasks_tuning_and_drops_the_curves(tmp_p
     assert entry["reseeded"] == entry["defaults"] == [{k: row[k] for k in
                                                        ("name", "lr", "final", "final_sd", "n_seeds", "status", "rank")}]
     assert "losses" not in json.dumps(summary) and "study" not in entry["settings"]
+
+
+@pytest.mark.parametrize(
+    "figure", [f for f in figures.FIGURES if f.results.name.startswith("bench_")], ids=lambda f: f.name
+)
+def test_every_benchmark_figure_says_on_what_machine_it_was_measured(figure):
+    """A ratio to the bandwidth bound depends on the CPU, its vector unit and its
+    cache: each benchmark's results file records the machine, and its figure says it."""
+    data = json.loads(figure.results.read_text())
+    assert data.get("machine"), f"{figure.results.name} has no machine: run `{figure.command}` again"
+    assert data["machine"] in figures.expected(figure)
+
+
+def test_the_machine_names_the_cpu_its_cores_and_its_vector_unit():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    text = common.machine()
+    assert f"{os.cpu_count()} logical CPUs" in text
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text().split() if cpuinfo.exists() else []
+    if "avx512f" in flags:
+        assert "AVX-512" in text
+    elif "avx2" in flags:
+        assert "AVX2" in text
