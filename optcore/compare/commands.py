@@ -127,7 +127,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from .lineup import search_space
     from .runner import default_jobs, run_one
-    from .study import Sweep, default_storage_url, open_storage, sweep_meta
+    from .study import MEMORY_NOTES, Sweep, default_storage_url, isolation_text, open_storage, sweep_meta
     from .scoreboard import compare_tasks, parse_target
     from .sweep import Budget, Run, parse_duration, parse_lrs
     from .tasks import load_task
@@ -159,15 +159,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = _out_dir(args)
     out.mkdir(parents=True, exist_ok=True)
     url = args.storage or default_storage_url(out)
-    isolation = "in-process" if args.in_process else "one fresh process per run (spawn)"
-    if jobs > 1:
-        isolation += f", {jobs} at a time"
-    memory_note = (
-        "peak resident memory of the run's own process, and its growth (Δ) from just before the optimizer was built"
-        if not args.in_process
-        else "peak resident memory since the run started (kernel peak mark reset; the process's earlier "
-        "allocations are included), and its growth (Δ) from just before the optimizer was built"
-    )
+    isolation = isolation_text("in-process" if args.in_process else "spawn", jobs)
+    memory_note = MEMORY_NOTES["in-process" if args.in_process else "spawn"]
     meta = sweep_meta(
         entries, spaces, task={"spec": settings.task, "name": task.name, "description": task.describe()},
         steps=settings.steps, seeds=seeds, lr_sweep=args.lr_sweep, lrs=lrs, protocol=protocol,
@@ -180,6 +173,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                     and any(getattr(args, flag, None) not in (None, False) for flag in SWEEP_FLAGS))
     sweep = Sweep.open(open_storage(url, args.heartbeat), args.study, meta, explicit=explicit)
     meta = sweep.meta  # a worker that joins runs the stored sweep
+    own_target = target if args.target is not None and target != meta.get("target") else None
     target = target if args.target is not None else meta.get("target")  # and scores it by the stored target
     settings = dataclasses.replace(settings, steps=meta["steps"], task=meta["task"]["spec"])
     protocol = sweep.protocol  # its pruning too: every worker prunes a tuning trial by the same rule
@@ -187,6 +181,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"The comparison {args.study!r} prunes its tuning trials (--prune), which stops a trial's "
                           "process: drop --in-process.", problems=[("prune", "in-process")])  # fmt: skip
     console = _console()
+    if own_target is not None:
+        stored = meta.get("target")
+        started = ("without a --target (it sets one from the runs)" if not stored
+                   else "with --target " + ",".join(f"{task}={loss:g}" for task, loss in stored.items()))
+        console.print(f"[yellow]Note[/yellow]: this worker scores by its own --target {args.target}; the sweep "
+                      f"{args.study!r} was started {started}, and `optcore compare report` scores by that.",
+                      highlight=False)  # fmt: skip
     planned = sweep.planned()
     tuning = f", {protocol['trials']} trials x {protocol['studies']} studies per optimizer" if protocol["trials"] else ""
     console.print(
@@ -203,7 +204,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     def document() -> dict[str, Any]:
         from .study import collect
 
-        return {**collect(sweep), **live}
+        doc = collect(sweep)
+        isolation = doc.pop("isolation")  # every way the sweep's runs were made, this worker's and the others'
+        return {**doc, **live, "settings": {**live["settings"], "isolation": isolation}}
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -242,6 +245,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                     result.update(status="pruned", error=None, pruned_at=claimed.attrs["pruned_at"])
                 result["name"], result["seed"], result["phase"] = claimed.config, claimed.seed, claimed.phase
                 result["worker"] = f"{socket.gethostname()}:{os.getpid()}"
+                result["isolation"], result["jobs"] = ("in-process" if args.in_process else "spawn"), jobs
                 if claimed.lr is not None:
                     result["lr"] = claimed.lr
                 result["trial_wall_s"] = time.perf_counter() - begin
@@ -405,7 +409,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             folder = task_folder(task)
             _report_one(Sweep.open(storage, task_study(args.study, folder), None), args, out / folder)
             docs[task] = json.loads((out / folder / "results.json").read_text())
-        return score_tasks(docs, out, complete=all(d["complete"] for d in docs.values()))
+        return score_tasks(docs, out, complete=all(d["complete"] for d in docs.values()), tasks=tasks)
     _report_one(Sweep.open(storage, args.study, None), args, out)
     return 0
 
@@ -414,8 +418,10 @@ def _report_one(sweep: Any, args: argparse.Namespace, out: Path) -> None:
     from .study import collect
 
     out.mkdir(parents=True, exist_ok=True)
-    doc = {**collect(sweep), "settings": {**sweep.meta.get("settings", {}), "storage": _hide_password(args.storage),
-                                          "study": sweep.name}, "complete": not sweep.pending()}  # fmt: skip
+    doc = collect(sweep)
+    settings = {**sweep.meta.get("settings", {}), "isolation": doc.pop("isolation"),
+                "storage": _hide_password(args.storage), "study": sweep.name}  # fmt: skip
+    doc.update(settings=settings, complete=not sweep.pending())
     show_comparison(doc, out, _console(), sweep.meta.get("target"))  # the live run's --target, stored
 
 

@@ -203,15 +203,20 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
         docs[task] = json.loads((folder / "results.json").read_text())
         if rc:  # interrupted: score what finished, say so
             break
-    return score_tasks(docs, out, complete=rc == 0 and len(docs) == len(tasks), targets=targets) or rc
+    return score_tasks(docs, out, complete=rc == 0 and len(docs) == len(tasks), targets=targets, tasks=tasks) or rc
 
 
 def score_tasks(docs: Mapping[str, Mapping[str, Any]], out: Path, complete: bool,
-                targets: Mapping[str, float] | None = None) -> int:  # fmt: skip
+                targets: Mapping[str, float] | None = None, tasks: Sequence[str] = ()) -> int:  # fmt: skip
     """The scores over every task's comparison (``docs``: each task's ``results.json``)
     together, at the targets each task's comparison was given (the others set from
     the runs): ``out/results.json``, the table and ``out/profile.png``. The live
-    run, a worker that joined it and ``compare report`` call it alike."""
+    run, a worker that joined it and ``compare report`` call it alike.
+
+    Scores over part of the sweep (a task stopped before its last trial, or
+    ``tasks`` not run at all) say so in the title, in ``results.json``
+    (``unfinished``, ``not_run``) and in a line under the table: a score over
+    fewer problems is not the sweep's."""
     from rich.console import Console
 
     from .report import write_results
@@ -224,12 +229,18 @@ def score_tasks(docs: Mapping[str, Mapping[str, Any]], out: Path, complete: bool
     given = {task: t["loss"] for doc in docs.values() for task, t in doc.get("scores", {}).get("targets", {}).items()
              if t["source"] == "given"}  # fmt: skip
     summary = scoring.summarise(runs, {**given, **(targets or {})})
-    title = f"{len(docs)} tasks ({', '.join(docs)})"
+    unfinished = [task for task, doc in docs.items() if not doc["complete"]]
+    not_run = [task for task in tasks if task not in docs]
+    partial = "; ".join(
+        part for part in (unfinished and f"unfinished: {', '.join(unfinished)}", not_run and f"not run: {', '.join(not_run)}")
+        if part
+    )
+    title = f"{len(docs)} tasks ({', '.join(docs)})" + (f", PARTIAL ({partial})" if partial else "")
     write_results(out / "results.json", {
         "title": title,
         "tasks": {task: {"folder": task_folder(task), "summary": doc["summary"], "complete": doc["complete"]}
                   for task, doc in docs.items()},
-        "complete": complete, "scores": summary,
+        "complete": complete and not partial, "unfinished": unfinished, "not_run": not_run, "scores": summary,
     })  # fmt: skip
     console = Console(soft_wrap=False)
     if not console.is_terminal:
@@ -239,5 +250,8 @@ def score_tasks(docs: Mapping[str, Mapping[str, Any]], out: Path, complete: bool
     if summary["problems"] and any(t["loss"] is not None for t in summary["targets"].values()):
         plot_profile(summary, out / "profile.png", title)
         written.append(out / "profile.png")
+    if partial:
+        console.print(f"[bold red]Partial scores[/] ({partial}): they cover only the runs that finished. Run the same "
+                      "command again to finish the sweep (finished runs are kept), then read the scores.")
     console.print(f"Wrote {', '.join(map(str, written))}")
     return 0

@@ -22,7 +22,7 @@ runner's), records the run's measurements as the trial's ``result`` and tells
 Optuna its final held-out loss (COMPLETE), that it was pruned (PRUNED) or that it
 failed or diverged (FAIL). While a trial runs its worker records a heartbeat; a
 trial whose worker fell silent (killed, machine lost) is failed by the next worker
-that looks and enqueued again by Optuna's :class:`~optuna.storages.RetryFailedTrialCallback`.
+that looks and enqueued again by Optuna's :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`.
 A worker stops when every planned trial has finished (it waits for the others'
 running trials, so that it can retry them), or when its budget or Ctrl-C stops it;
 a trial stopped by Ctrl-C is failed and enqueued again, so the next run of the same
@@ -64,6 +64,42 @@ READY_TIMEOUT_S = 120.0
 #: What must be equal for two commands to be workers of the same sweep.
 FINGERPRINT = ("task", "steps", "seeds", "lr_sweep", "lrs", "entries", "spaces", "protocol")
 
+#: What peak RSS and Δ RSS mean, by how a run was isolated (each result records its ``isolation``).
+MEMORY_NOTES = {
+    "spawn": "peak resident memory of the run's own process, and its growth (Δ) from just before the optimizer was built",
+    "in-process": "peak resident memory since the run started (kernel peak mark reset; the process's earlier "
+    "allocations are included), and its growth (Δ) from just before the optimizer was built",
+}
+
+
+def isolation_text(isolation: str, jobs: int) -> str:
+    """How one worker ran its runs, as the tables say it."""
+    text = "in-process" if isolation == "in-process" else "one fresh process per run (spawn)"
+    return text + (f", {jobs} at a time" if jobs > 1 else "")
+
+
+def run_notes(results: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> tuple[str, str]:
+    """(isolation, memory note) of the runs that made ``results``, from what each
+    run recorded: a sweep resumed or joined another way (``--in-process``,
+    ``--jobs``) describes every way its runs were made, and says where their
+    seconds and memory do not compare. Results without the record (older
+    sweeps) take the notes stored when the sweep was created."""
+    ways: dict[tuple[str, int], int] = {}
+    for r in results:
+        if "isolation" in r:
+            key = (r["isolation"], int(r.get("jobs", 1)))
+            ways[key] = ways.get(key, 0) + 1
+    if not ways:
+        return meta.get("settings", {}).get("isolation", "not recorded"), meta["memory_note"]
+    kinds = sorted({isolation for isolation, _ in ways})
+    if len(ways) == 1:
+        ((isolation, jobs),) = ways
+        return isolation_text(isolation, jobs), MEMORY_NOTES[isolation]
+    described = "; ".join(f"{isolation_text(i, j)} ({n} run{'s' if n != 1 else ''})" for (i, j), n in sorted(ways.items()))
+    memory = (MEMORY_NOTES[kinds[0]] if len(kinds) == 1 else
+              "MIXED: " + "; ".join(f"{k}: {MEMORY_NOTES[k]}" for k in kinds) + " (not comparable across them)")
+    return f"MIXED ({described}): steps/s compare only between runs made the same way", memory
+
 
 def _optuna() -> Any:
     import optuna
@@ -104,7 +140,8 @@ def open_storage(url: str, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> Any:
                 rdb = optuna.storages.RDBStorage(
                     url, heartbeat_interval=max(1, round(heartbeat_s)),
                     grace_period=max(2, round(GRACE_INTERVALS * heartbeat_s)),
-                    failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=MAX_RETRY), **kwargs,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
+                    **kwargs,
                 )  # fmt: skip
                 break
             except (ImportError, ModuleNotFoundError) as exc:
@@ -438,7 +475,7 @@ class Sweep:
         except Exception:  # noqa: BLE001 - already finished by a stale-trial check: it was retried there
             return
         frozen = _retrying(self.storage.get_trial, claimed.trial_id)
-        optuna.storages.RetryFailedTrialCallback(max_retry=None)(claimed.study, frozen)
+        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)(claimed.study, frozen)
 
     def heartbeat(self, trial_ids: Sequence[int]) -> None:
         for trial_id in trial_ids:
@@ -672,8 +709,9 @@ def collect(sweep: Sweep) -> dict[str, Any]:
     meta = sweep.meta
     entries = meta["entries"]
     results = [result for _, result, _ in _latest_results(sweep._study(sweep.name))]
+    isolation, memory_note = run_notes(results, meta)
     doc: dict[str, Any] = {
-        "task": meta["task"], "summary": meta["summary"], "memory_note": meta["memory_note"],
+        "task": meta["task"], "summary": meta["summary"], "memory_note": memory_note, "isolation": isolation,
         "loss_label": meta.get("loss_label", "loss"),
         "protocol": {**sweep.protocol, "seeds": meta["seeds"]}, "sweep": {"name": sweep.name, "planned_trials": sweep.planned()},
         "planned_runs": len(plan(entries, meta["seeds"], meta["lr_sweep"], meta["lrs"])),
@@ -691,4 +729,5 @@ def collect(sweep: Sweep) -> dict[str, Any]:
             row["swept"] = True  # the chosen point of a search
             row["score"] = optimizers[row["name"]]["score"]
         doc["tuned"] = {"optimizers": optimizers, "results": reseeds, "rows": rows}
+        doc["isolation"], doc["memory_note"] = run_notes(results + reseeds, meta)
     return doc

@@ -107,6 +107,24 @@ def boom():
     optcore.unregister_optimizer("BoomForCompare")
 
 
+def test_the_notes_describe_how_the_runs_were_made_not_the_last_command(tmp_path):
+    from optcore.compare.study import MEMORY_NOTES, run_notes
+
+    out = tmp_path / "out"
+    args = ["compare", "--optimizers", "AdamW", "--steps", "4", "--device", "cpu", "--out", str(out), "--quiet"]
+    assert main([*args, "--in-process"]) == 0
+    assert main(args) == 0  # the same sweep again, without --in-process: nothing is left to run
+    doc = json.loads((out / "results.json").read_text())
+    assert [r["isolation"] for r in doc["results"]] == ["in-process"]
+    assert doc["settings"]["isolation"] == "in-process" and doc["memory_note"] == MEMORY_NOTES["in-process"]
+    # runs made two ways: both said, and what does not compare across them
+    isolation, memory = run_notes([{"isolation": "spawn", "jobs": 2}, {"isolation": "in-process", "jobs": 1}] * 2, {})
+    assert isolation.startswith("MIXED (in-process (2 runs); one fresh process per run (spawn), 2 at a time (2 runs))")
+    assert memory.startswith("MIXED") and MEMORY_NOTES["spawn"] in memory and "not comparable" in memory
+    # results of an older sweep, without the record: the notes stored with it
+    assert run_notes([{"name": "x"}], {"settings": {"isolation": "spawn"}, "memory_note": "m"}) == ("spawn", "m")
+
+
 def test_failed_configs_are_reported_and_the_others_still_run(tmp_path, capsys, boom):
     config = tmp_path / "compare.yaml"
     config.write_text(

@@ -306,7 +306,13 @@ def test_a_worker_that_joins_takes_the_stored_protocol(tmp_path, capsys, monkeyp
     capsys.readouterr()
     assert main(["compare", "--storage", url, "--study", "tuned", "--in-process", "--quiet",
                  "--out", str(tmp_path / "join")]) == 0  # fmt: skip
-    assert "1 trials x 1 studies per optimizer" in capsys.readouterr().out
+    joined = capsys.readouterr().out
+    assert "1 trials x 1 studies per optimizer" in joined and "own --target" not in joined
+    # a joining worker with a --target of its own scores by it, and says the sweep's is another
+    assert main(["compare", "--storage", url, "--study", "tuned", "--in-process", "--quiet", "--target", "3.5",
+                 "--out", str(tmp_path / "join2")]) == 0  # fmt: skip
+    said = " ".join(capsys.readouterr().out.split())
+    assert "scores by its own --target 3.5; the sweep 'tuned' was started without a --target" in said
     meta = sweep_meta([{"name": "a", "optimizer": {"type": "torch:SGD", "lr": 0.1}}],
                       {"a": {"lr": {"low": 0.01, "high": 1.0, "log": True}}}, task={"spec": "char-lm"}, steps=2,
                       seeds=[1], lr_sweep=None, lrs=None, extra={"summary": "", "memory_note": ""},

@@ -266,6 +266,17 @@ def test_compare_on_several_tasks_scores_them_together(tmp_path, capsys):
         assert one["task"]["spec"] == spec and one["scores"]["targets"][spec]["source"] == "given"
     assert [(p["task"], p["seed"]) for p in doc["scores"]["problems"]] == [("char-lm", 0), (task, 0)]
     assert (out / "profile.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Partial" not in printed and doc["unfinished"] == doc["not_run"] == []
+    # stopped in its first task (the second never ran): the scores say they are partial, everywhere
+    first = json.loads((out / doc["tasks"]["char-lm"]["folder"] / "results.json").read_text())
+    (tmp_path / "cut").mkdir()
+    assert scoreboard.score_tasks({"char-lm": {**first, "complete": False}}, tmp_path / "cut", complete=False,
+                                  tasks=["char-lm", task]) == 0  # fmt: skip
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"1 tasks (char-lm), PARTIAL (unfinished: char-lm; not run: {task})" in printed
+    assert "Partial scores" in printed and "Run the same command again" in printed
+    cut = json.loads((tmp_path / "cut" / "results.json").read_text())
+    assert not cut["complete"] and cut["unfinished"] == ["char-lm"] and cut["not_run"] == [task]
     with pytest.raises(optcore.ConfigError, match="each task once"):
         scoreboard.compare_tasks(argparse.Namespace(task="a,a", target=None), lambda a: 0, tmp_path)
 

@@ -149,10 +149,10 @@ def test_check_writes_nothing_calls_no_hook_and_allocates_only_tiny_cpu_stand_in
     from optcore import _build
 
     fake_plugins("optcore-built-spy", "optcore_built_spy", """
-import optcore
+from optcore.plugin import hookimpl
 seen = []
 
-@optcore.hookimpl
+@hookimpl
 def optcore_optimizer_built(optimizer, config):
     seen.append(config["type"])
 """, {"optcore.hooks": {"spy": "optcore_built_spy"}})
