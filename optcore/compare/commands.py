@@ -173,6 +173,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                     and any(getattr(args, flag, None) not in (None, False) for flag in SWEEP_FLAGS))
     sweep = Sweep.open(open_storage(url, args.heartbeat), args.study, meta, explicit=explicit)
     meta = sweep.meta  # a worker that joins runs the stored sweep
+    if args.target is not None and not args.task:  # its --target is for the stored task, not the default one
+        target = parse_target(args.target, meta["task"]["spec"])
     own_target = target if args.target is not None and target != meta.get("target") else None
     target = target if args.target is not None else meta.get("target")  # and scores it by the stored target
     settings = dataclasses.replace(settings, steps=meta["steps"], task=meta["task"]["spec"])
