@@ -229,7 +229,8 @@ def score_tasks(docs: Mapping[str, Mapping[str, Any]], out: Path, complete: bool
     given = {task: t["loss"] for doc in docs.values() for task, t in doc.get("scores", {}).get("targets", {}).items()
              if t["source"] == "given"}  # fmt: skip
     summary = scoring.summarise(runs, {**given, **(targets or {})})
-    unfinished = [task for task, doc in docs.items() if not doc["complete"]]
+    # a live run cut by --budget is "complete" (not interrupted), yet its sweep is not: `compare report` says so too
+    unfinished = [task for task, doc in docs.items() if not doc["complete"] or doc.get("cut")]
     not_run = [task for task in tasks if task not in docs]
     partial = "; ".join(
         part for part in (unfinished and f"unfinished: {', '.join(unfinished)}", not_run and f"not run: {', '.join(not_run)}")

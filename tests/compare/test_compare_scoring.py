@@ -277,6 +277,11 @@ def test_compare_on_several_tasks_scores_them_together(tmp_path, capsys):
     assert "Partial scores" in printed and "Run the same command again" in printed
     cut = json.loads((tmp_path / "cut" / "results.json").read_text())
     assert not cut["complete"] and cut["unfinished"] == ["char-lm"] and cut["not_run"] == [task]
+    # a live run whose --budget cut runs of a task is not interrupted, yet that task did not finish
+    budget = {**first, "complete": True, "cut": "cut 1 run to stay within 1 s: AdamW (seed 1)"}
+    assert scoreboard.score_tasks({"char-lm": budget}, tmp_path / "cut", complete=True, tasks=["char-lm"]) == 0
+    assert "PARTIAL (unfinished: char-lm)" in " ".join(capsys.readouterr().out.split())
+    assert not json.loads((tmp_path / "cut" / "results.json").read_text())["complete"]
     with pytest.raises(optcore.ConfigError, match="each task once"):
         scoreboard.compare_tasks(argparse.Namespace(task="a,a", target=None), lambda a: 0, tmp_path)
 
