@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -110,12 +111,24 @@ def machine() -> str:
         pass
     parts = [model or platform.processor() or platform.machine(), f"{os.cpu_count()} logical CPUs"]
     parts += [name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags][:1]
-    levels = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/level"), key=lambda p: int(p.read_text()))
-    if levels:  # the size reads e.g. "491520K"
-        size = (levels[-1].parent / "size").read_text().strip()
-        kib = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[-1] in "KM" else int(size) // 1024
-        parts.append(f"L{levels[-1].read_text().strip()} cache {kib // 1024} MiB")
+    try:  # Linux only; elsewhere (macOS) or where /sys hides it, the footer goes without
+        levels = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/level"), key=lambda p: int(p.read_text()))
+        size = cache_size((levels[-1].parent / "size").read_text()) if levels else None
+    except (OSError, ValueError):
+        size = None
+    if size:
+        parts.append(f"L{levels[-1].read_text().strip()} cache {size}")
     return ", ".join(parts)
+
+
+def cache_size(text: str) -> str | None:
+    """A cache size as sysfs writes it ("491520K", "1M", "32768", or "16 MB"), in
+    MiB (KiB under 1 MiB); ``None`` if it reads as none of these."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.IGNORECASE)
+    if not match:
+        return None
+    kib = int(match[1]) * {"": 1 / 1024, "K": 1, "M": 1024, "G": 1024 * 1024}[match[2].upper()]
+    return f"{kib / 1024:g} MiB" if kib >= 1024 else f"{kib:g} KiB"
 
 
 def write_results(path: str, script: str, argv: Sequence[str] | None, load_before: float, **fields: Any) -> None:

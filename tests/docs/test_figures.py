@@ -98,3 +98,14 @@ def test_the_machine_names_the_cpu_its_cores_and_its_vector_unit():
         assert "AVX-512" in text
     elif "avx2" in flags:
         assert "AVX2" in text
+
+
+def test_the_cache_size_reads_every_way_sysfs_writes_it():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    sizes = {"491520K\n": "480 MiB", "32768K": "32 MiB", "1M": "1 MiB", "16 MB": "16 MiB", "33554432": "32 MiB",
+             "512K": "512 KiB", "": None, "unknown": None}
+    assert {text: common.cache_size(text) for text in sizes} == sizes
