@@ -84,13 +84,16 @@ def run_notes(results: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> 
     ``--jobs``) describes every way its runs were made, and says where their
     seconds and memory do not compare. Results without the record (older
     sweeps) take the notes stored when the sweep was created."""
+    stored = meta.get("settings", {})
+    if not any("isolation" in r for r in results):
+        return stored.get("isolation", "not recorded"), meta["memory_note"]
+    # a run without the record was made by an older version, as the command that started the sweep
+    started = ("in-process" if str(stored.get("isolation", "")).startswith("in-process") else "spawn",
+               int(stored.get("jobs") or 1))
     ways: dict[tuple[str, int], int] = {}
     for r in results:
-        if "isolation" in r:
-            key = (r["isolation"], int(r.get("jobs", 1)))
-            ways[key] = ways.get(key, 0) + 1
-    if not ways:
-        return meta.get("settings", {}).get("isolation", "not recorded"), meta["memory_note"]
+        key = (r["isolation"], int(r.get("jobs", 1))) if "isolation" in r else started
+        ways[key] = ways.get(key, 0) + 1
     kinds = sorted({isolation for isolation, _ in ways})
     if len(ways) == 1:
         ((isolation, jobs),) = ways

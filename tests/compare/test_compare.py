@@ -123,6 +123,11 @@ def test_the_notes_describe_how_the_runs_were_made_not_the_last_command(tmp_path
     assert memory.startswith("MIXED") and MEMORY_NOTES["spawn"] in memory and "not comparable" in memory
     # results of an older sweep, without the record: the notes stored with it
     assert run_notes([{"name": "x"}], {"settings": {"isolation": "spawn"}, "memory_note": "m"}) == ("spawn", "m")
+    # an older sweep started in-process, resumed by this version in fresh processes: both ways, not only the last
+    isolation, memory = run_notes([{"name": "x"}, {"isolation": "spawn", "jobs": 1}],
+                                  {"settings": {"isolation": "in-process", "jobs": 1}, "memory_note": "m"})
+    assert isolation.startswith("MIXED (in-process (1 run); one fresh process per run (spawn) (1 run))")
+    assert memory.startswith("MIXED")
 
 
 def test_failed_configs_are_reported_and_the_others_still_run(tmp_path, capsys, boom):
