@@ -112,7 +112,8 @@ def machine() -> str:
     parts = [model or platform.processor() or platform.machine(), f"{os.cpu_count()} logical CPUs"]
     parts += [name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags][:1]
     try:  # Linux only; elsewhere (macOS) or where /sys hides it, the footer goes without
-        levels = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/level"), key=lambda p: int(p.read_text()))
+        caches = Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/level")
+        levels = sorted(caches, key=lambda p: int(p.read_text()))
         size = cache_size((levels[-1].parent / "size").read_text()) if levels else None
     except (OSError, ValueError):
         size = None
