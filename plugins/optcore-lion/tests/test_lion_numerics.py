@@ -107,3 +107,31 @@ def test_lion_without_a_compiler_falls_back_to_the_eager_path(monkeypatch, tmp_p
             _run(lambda gs: Lion(gs, lr=1e-2, fused=True), 1)
     finally:
         _cpu_kernel.load.cache_clear()
+
+
+def test_lion_kernel_steps_bit_for_bit_whatever_the_threads_and_the_slicing():
+    """Each thread takes a 16-element-aligned slice of every tensor: every size
+    (0, 1, 15-17, more threads than elements, the AVX remainders) steps exactly
+    as one thread steps it, and a flat tensor exactly as its pieces."""
+    import ctypes
+
+    lib = _cpu_kernel.load()
+    assert lib is not None, _cpu_kernel.unavailable_reason
+    gen = torch.Generator().manual_seed(0)
+    sizes = [0, 1, 2, 15, 16, 17, 31, 33, 47, 63, 65, 255, 4097, 65537]
+    p0, g, m0 = ([torch.randn(n, generator=gen) for n in sizes] for _ in range(3))
+
+    def steps(ps, gs, ms, threads):
+        n = len(ps)
+        ptrs = [(ctypes.c_void_p * n)(*[t.data_ptr() for t in ts]) for ts in (ps, gs, ms)]
+        for _ in range(3):
+            lib.lion_fp32(n, *ptrs, (ctypes.c_int64 * n)(*[t.numel() for t in ps]), 1e-2, 1 - 1e-3, 0.9, 0.1, 0.99,
+                          0.01, threads)  # fmt: skip
+        return torch.cat(ps), torch.cat(ms)
+
+    one = steps([t.clone() for t in p0], g, [t.clone() for t in m0], 1)
+    for threads in (2, 3, 4, 40):
+        many = steps([t.clone() for t in p0], g, [t.clone() for t in m0], threads)
+        assert torch.equal(many[0], one[0]) and torch.equal(many[1], one[1]), threads
+    flat = steps([torch.cat(p0)], [torch.cat(g)], [torch.cat(m0)], 3)
+    assert torch.equal(flat[0], one[0]) and torch.equal(flat[1], one[1])
