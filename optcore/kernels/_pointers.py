@@ -39,3 +39,22 @@ def pointer_problem(t: Any, dtype: Any) -> str | None:
     except (RuntimeError, NotImplementedError):  # no storage at all
         backed = False
     return None if backed else "has no allocated storage of its size"
+
+
+def overlap_problem(named: dict[str, Any]) -> str | None:
+    """Which two of these contiguous tensors share memory, or ``None``. Kernels
+    take their pointers as ``restrict`` (no two alias, so their loops vectorize),
+    and torch allows the aliasing anyway (``p.grad = p.detach()``): such tensors
+    must go through torch ops, whose results are defined for it. Empty tensors
+    and ``None`` hold no memory and overlap nothing."""
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), i)
+        for i, t in enumerate(named.values())
+        if t is not None and t.numel()
+    )
+    names = list(named)
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:  # sorted by start: any overlap shows between neighbours
+            a, b = sorted((first, second))
+            return f"its {names[a]} and {names[b]} share memory"
+    return None

@@ -273,6 +273,36 @@ def test_a_new_gradient_the_loops_cannot_take_is_checked_or_stepped_by_torch() -
     _assert_close(matrix, twin, 1e-6)
 
 
+def test_a_gradient_that_is_the_parameter_is_stepped_by_torch_not_the_loops() -> None:
+    """The loops read their tensors as ``restrict``; ``p.grad = p.detach()``
+    (allowed by torch) goes to the functional update, with its numbers, and
+    the batch itself refuses tensors that share memory, naming them."""
+    torch.manual_seed(0)
+    matrix, vector, opt = _stepped()
+    torch.manual_seed(0)
+    twin, twin_vector, twin_opt = _stepped()
+    for group in twin_opt.param_groups:
+        group["implementation"] = "torch"
+    for _ in range(2):
+        for p in (matrix, vector, twin, twin_vector):
+            p.grad = p.detach()
+        opt.step()
+        twin_opt.step()
+    _assert_close(matrix, twin, 1e-6)
+    _assert_close(vector, twin_vector, 1e-6)
+    w = torch.randn(6, 4)
+    batch = _cpu_kernel.Batch.new()
+    stats = (torch.zeros(6), torch.zeros(4))
+    scalars = (0.5, 1.0, 1e-30, 1e-3, 1e-2, 1.0, 0.0, 0.0)
+    assert not batch.add(w, w, None, stats, None, scalars) and len(batch) == 0
+    with pytest.raises(ValueError, match="its param and grad share memory"):
+        batch.add(w, w, None, stats, None, scalars, strict=True)
+    buf = torch.zeros(24)  # a gradient over the row statistic's memory
+    with pytest.raises(ValueError, match="its grad and exp_avg_sq_row share memory"):
+        batch.add(w, buf.view(6, 4), None, (buf[:6], stats[1]), None, scalars, strict=True)
+    assert batch.add(w, buf.view(6, 4), None, stats, None, scalars) and len(batch) == 1  # apart: taken
+
+
 def test_switching_on_a_first_moment_after_a_step_creates_its_state() -> None:
     matrix, vector, opt = _stepped()
     opt.param_groups[0]["beta1"] = 0.9

@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from optcore.kernels import build_c_library, pointer_problem
+from optcore.kernels import build_c_library, overlap_problem, pointer_problem
 
 #: The loops' C source, shipped in the package (package data).
 SOURCE = Path(__file__).parent / "csrc" / "adafactor_fp32.c"
@@ -137,6 +137,14 @@ def _pointer(name: str, t: Tensor | None, shape: Sequence[int]) -> int | None:
             "Step the optimizer while its tensors hold their memory."
         )
     return None
+
+
+def _disjoint(spans: Sequence[tuple[int, int]]) -> bool:
+    """True if no two of these (address, bytes) spans share memory (address 0: absent).
+    The same test as :func:`optcore.kernels.overlap_problem`, on the pointers
+    already taken: a fraction of its cost, paid for every parameter every step."""
+    ordered = sorted((start, start + size) for start, size in spans if start and size)
+    return all(end <= start for (_, end), (start, _) in zip(ordered, ordered[1:]))
 
 
 def _require(name: str, t: Tensor | None, shape: Sequence[int]) -> int:
@@ -222,6 +230,14 @@ class Batch:
         rms_ptr = 0 if rms is None else check("RMS", rms, ())
         if row is None or col is None or mom is None or rms_ptr is None:
             return False
+        n, m = dims
+        size = 4 * n * (m or 1)
+        if not _disjoint(((x, size), (g, size), (mom, size), (row, 4 * n), (col, 4 * m), (rms_ptr, 4))):
+            if strict:
+                names = ("exp_avg_sq_row", "exp_avg_sq_col") if len(stats) == 2 else ("exp_avg_sq",)
+                named = {"param": param, "grad": grad, "exp_avg": exp_avg, **dict(zip(names, stats)), "RMS": rms}
+                raise ValueError(f"Adafactor C kernel: {overlap_problem(named)}.")
+            return False  # the loops read them as restrict: the functional update steps tensors that alias
         self.dims.extend(dims)
         self.ptrs.extend((x, g, mom, row, col, rms_ptr, memo))
         self.scalars.extend(scalars)

@@ -20,7 +20,7 @@ import functools
 from pathlib import Path
 
 import torch
-from optcore.kernels import build_c_library, pointer_problem
+from optcore.kernels import build_c_library, overlap_problem, pointer_problem
 from torch import Tensor
 
 #: The kernel's C source, shipped in the package (package data).
@@ -61,10 +61,25 @@ def _tensor_problem(t: Tensor) -> str | None:
     return pointer_problem(t, torch.float32)
 
 
+def problem(*tensors: Tensor) -> str | None:
+    """Why the kernel cannot take these tensors (parameter, gradient, momentum),
+    or ``None``: each must be plain, fp32, on CPU, contiguous, with real storage
+    behind it, and no two may share memory (the loop reads them as ``restrict``;
+    ``p.grad = p.detach()`` goes to torch ops)."""
+    for role, t in zip(("parameter", "gradient", "momentum"), tensors):
+        reason = _tensor_problem(t)
+        if reason:
+            return f"the {role} {reason}"
+    return _overlap(tensors)
+
+
 def eligible(*tensors: Tensor) -> bool:
-    """True if the kernel can take each of these tensors: plain, fp32, on CPU,
-    contiguous, with real storage behind it."""
-    return all(_tensor_problem(t) is None for t in tensors)
+    """True if the kernel can take these tensors (:func:`problem` has none)."""
+    return problem(*tensors) is None
+
+
+def _overlap(tensors: tuple[Tensor, ...] | list[Tensor]) -> str | None:
+    return overlap_problem(dict(zip(("parameter", "gradient", "momentum"), tensors)))
 
 
 def shard_problem(*tensors: Tensor) -> str | None:
@@ -108,6 +123,9 @@ def check(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor]) -> 
             if problem:
                 raise ValueError(f"Lion kernel: the {role} of tensor {i} {problem}")
         p, g, m = triple
+        overlap = _overlap(triple)
+        if overlap:
+            raise ValueError(f"Lion kernel: tensor {i}: {overlap}; step such tensors with fused=False")
         if not p.shape == g.shape == m.shape:
             raise ValueError(f"Lion kernel: tensor {i} has parameter shape {tuple(p.shape)}, gradient shape "
                              f"{tuple(g.shape)} and momentum shape {tuple(m.shape)}; they must be equal")

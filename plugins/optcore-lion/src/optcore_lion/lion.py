@@ -206,7 +206,9 @@ class Lion(Optimizer):
                                 "set fused=None (torch ops step any placement).",
                                 param=_where(index, group, i, p))
             local = _cpu_kernel.local_shards(p, p.grad)
-            if local is None or not _cpu_kernel.eligible(*local):
-                raise StepError(f"Lion cannot step: the gradient of {_where(index, group, i, p)} ({p.dtype}, "
-                                f"{p.device}) is not a contiguous fp32 CPU tensor, which fused=True needs; set "
-                                "fused=None.", param=_where(index, group, i, p))
+            problem = "its shards are not plain tensors" if local is None else _cpu_kernel.problem(*local)
+            if problem is not None:
+                raise StepError(f"Lion cannot step {_where(index, group, i, p)} ({p.dtype}, {p.device}) with "
+                                f"fused=True: {problem}. The C kernel takes contiguous fp32 CPU tensors that share "
+                                "no memory; set fused=None (torch ops step any tensor).",
+                                param=_where(index, group, i, p))

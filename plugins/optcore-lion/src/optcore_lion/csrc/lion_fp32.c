@@ -33,8 +33,9 @@ CLONES static void lion_range(float *__restrict__ p, const float *__restrict__ g
 }
 
 /* Lion on n fp32 tensors in one pass; a1 = (1-beta1)*gscale, a2 = (1-beta2)*gscale.
-   Each of the threads takes one contiguous slice of every tensor, its bounds on
-   a 64-byte line (16 floats), so no two threads write one cache line. */
+   Each of the threads takes one contiguous slice of every tensor, a multiple of
+   16 floats long, so where a tensor starts on a 64-byte line no two threads
+   write one cache line. */
 void lion_fp32(int64_t n, float *const *p, const float *const *g, float *const *m,
                const int64_t *numel, float lr, float decay, float beta1, float a1,
                float beta2, float a2, int threads) {
