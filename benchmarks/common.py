@@ -109,7 +109,7 @@ def machine() -> str:
                     flags = set(value.split())
     except OSError:
         pass
-    parts = [model or platform.processor() or platform.machine(), f"{os.cpu_count()} logical CPUs"]
+    parts = [model or platform.processor() or platform.machine(), f"{os.cpu_count() or 'unknown'} logical CPUs"]
     parts += [name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags][:1]
     try:  # Linux only; elsewhere (macOS) or where /sys hides it, the footer goes without
         caches = Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/level")

@@ -478,7 +478,10 @@ class Sweep:
         except Exception:  # noqa: BLE001 - already finished by a stale-trial check: it was retried there
             return
         frozen = _retrying(self.storage.get_trial, claimed.trial_id)
-        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)(claimed.study, frozen)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the callback is marked experimental
+            retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
+        retry(claimed.study, frozen)
 
     def heartbeat(self, trial_ids: Sequence[int]) -> None:
         for trial_id in trial_ids:
