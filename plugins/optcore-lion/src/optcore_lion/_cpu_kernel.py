@@ -79,6 +79,10 @@ def eligible(*tensors: Tensor) -> bool:
 
 
 def _overlap(tensors: tuple[Tensor, ...] | list[Tensor]) -> str | None:
+    """:func:`optcore.kernels.overlap_problem` of a triple, its common case (apart) first and cheap."""
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors if t.numel())
+    if all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])):
+        return None
     return overlap_problem(dict(zip(("parameter", "gradient", "momentum"), tensors)))
 
 
