@@ -19,6 +19,18 @@ def pointer_problem(t: Any, dtype: Any) -> str | None:
     leaves Python (and checks shapes against each other itself)."""
     import torch  # kernels are built without torch; checking a tensor needs it
 
+    # the common case first, in its cheapest form: plugins call this for every tensor every step
+    if (type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and t.is_cpu and t.dtype == dtype \
+            and t.is_contiguous() and not t.is_neg() and not t.is_conj():
+        numel = t.numel()
+        if numel == 0:
+            return None
+        try:
+            storage = t.untyped_storage()
+            backed = storage.data_ptr() != 0 and (t.storage_offset() + numel) * t.element_size() <= storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # no storage at all
+            backed = False
+        return None if backed else "has no allocated storage of its size"
     if t is None:
         return "is missing"
     if type(t) not in (torch.Tensor, torch.nn.Parameter):  # DTensor, FakeTensor...: no plain memory to hand over

@@ -208,18 +208,19 @@ def _one_process_lion() -> dict[str, list[torch.Tensor]]:
 
 
 def _recording_kernel(record: list[list[tuple[str, tuple[int, ...]]]]) -> Any:
-    """Wraps the Lion kernel's entry so each call records the (type, shape) of
-    the parameters it gets; returns what undoes it."""
+    """Wraps the Lion kernel's launch so each call records the (type, shape) of
+    the parameters it steps; returns what undoes it."""
     from optcore_lion import _cpu_kernel
 
-    kernel = _cpu_kernel.lion_fp32_
+    run = _cpu_kernel.Batch.run
 
-    def recording(params: list[torch.Tensor], *args: Any, **kwargs: Any) -> None:
-        record.append([(type(p).__name__, tuple(p.shape)) for p in params])
-        kernel(params, *args, **kwargs)
+    def recording(batch: Any, **kwargs: Any) -> None:
+        if len(batch):
+            record.append([(type(p).__name__, tuple(p.shape)) for p in batch.params])
+        run(batch, **kwargs)
 
-    _cpu_kernel.lion_fp32_ = recording
-    return lambda: setattr(_cpu_kernel, "lion_fp32_", kernel)
+    _cpu_kernel.Batch.run = recording
+    return lambda: setattr(_cpu_kernel.Batch, "run", run)
 
 
 def _other_placement(rank: int, world: int) -> dict[str, Any]:

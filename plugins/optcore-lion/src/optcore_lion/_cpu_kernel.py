@@ -73,11 +73,6 @@ def problem(*tensors: Tensor) -> str | None:
     return _overlap(tensors)
 
 
-def eligible(*tensors: Tensor) -> bool:
-    """True if the kernel can take these tensors (:func:`problem` has none)."""
-    return problem(*tensors) is None
-
-
 def _overlap(tensors: tuple[Tensor, ...] | list[Tensor]) -> str | None:
     """:func:`optcore.kernels.overlap_problem` of a triple, its common case (apart) first and cheap."""
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors if t.numel())
@@ -115,43 +110,69 @@ def local_shards(*tensors: Tensor) -> tuple[Tensor, ...] | None:
     return tuple(t if type(t) in (Tensor, torch.nn.Parameter) else t.to_local() for t in tensors)
 
 
-def check(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor]) -> None:
-    """Raise ``ValueError`` unless every triple is something the kernel may touch:
-    all three :func:`eligible` and of the same shape (the kernel reads and writes
-    ``numel(p)`` elements of each, so a smaller ``g`` or ``m`` would be overrun)."""
-    if not len(params) == len(grads) == len(exp_avgs):
-        raise ValueError(f"Lion kernel: {len(params)} parameters, {len(grads)} gradients, {len(exp_avgs)} momenta")
-    for i, triple in enumerate(zip(params, grads, exp_avgs)):
-        for role, t in zip(("parameter", "gradient", "momentum"), triple):
-            problem = _tensor_problem(t)
-            if problem:
-                raise ValueError(f"Lion kernel: the {role} of tensor {i} {problem}")
-        p, g, m = triple
-        overlap = _overlap(triple)
-        if overlap:
-            raise ValueError(f"Lion kernel: tensor {i}: {overlap}; step such tensors with fused=False")
-        if not p.shape == g.shape == m.shape:
-            raise ValueError(f"Lion kernel: tensor {i} has parameter shape {tuple(p.shape)}, gradient shape "
-                             f"{tuple(g.shape)} and momentum shape {tuple(m.shape)}; they must be equal")
+def _shape_problem(p: Tensor, g: Tensor, m: Tensor) -> str | None:
+    if p.shape == g.shape == m.shape:
+        return None  # the kernel reads and writes numel(p) elements of each: a smaller g or m would be overrun
+    return (f"has parameter shape {tuple(p.shape)}, gradient shape {tuple(g.shape)} and momentum shape "
+            f"{tuple(m.shape)}; they must be equal")
+
+
+class Batch:
+    """The ``(p, g, m)`` triples of one step that the kernel may touch, run by
+    :meth:`run` in one call. :meth:`add` checks each triple (:func:`problem`,
+    and one shape for all three) and only then records it: the kernel never
+    runs on tensors that were not checked, and each is checked once."""
+
+    __slots__ = ("params", "grads", "exp_avgs")
+
+    def __init__(self) -> None:
+        self.params: list[Tensor] = []
+        self.grads: list[Tensor] = []
+        self.exp_avgs: list[Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def add(self, p: Tensor, g: Tensor, m: Tensor, *, strict: bool = False) -> bool:
+        """Record the triple if the kernel may step it; else ``False`` (with
+        ``strict``: a ``ValueError`` saying why)."""
+        reason = problem(p, g, m) or _shape_problem(p, g, m)
+        if reason is not None:
+            if strict:
+                raise ValueError(f"Lion kernel: tensor {len(self)}: {reason}")
+            return False
+        self.params.append(p)
+        self.grads.append(g)
+        self.exp_avgs.append(m)
+        return True
+
+    def run(self, *, lr: float, weight_decay: float, beta1: float, beta2: float, gscale: float) -> None:
+        """Step every triple added, in place (nothing if none)."""
+        n = len(self)
+        if n == 0:
+            return
+        lib = load()
+        if lib is None:
+            raise RuntimeError(f"the Lion CPU kernel is unavailable: {unavailable_reason}")
+        pointers = [(ctypes.c_void_p * n)(*[t.data_ptr() for t in ts]) for ts in (self.params, self.grads, self.exp_avgs)]
+        sizes = [p.numel() for p in self.params]
+        threads = torch.get_num_threads() if sum(sizes) >= _PARALLEL_MIN else 1  # waking threads costs more
+        lib.lion_fp32(
+            n, *pointers, (ctypes.c_int64 * n)(*sizes), float(lr), 1.0 - float(lr) * weight_decay,
+            beta1, (1.0 - beta1) * gscale, beta2, (1.0 - beta2) * gscale, threads,
+        )
 
 
 def lion_fp32_(
     params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
     *, lr: float, weight_decay: float, beta1: float, beta2: float, gscale: float,
 ) -> None:
-    """Run the kernel over ``(p, g, m)`` triples (in place), after :func:`check`
-    has passed on every one of them: it never runs on tensors it did not check."""
-    check(params, grads, exp_avgs)
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"the Lion CPU kernel is unavailable: {unavailable_reason}")
-    n = len(params)
-    if n == 0:
-        return
-    pointers = [(ctypes.c_void_p * n)(*[t.data_ptr() for t in ts]) for ts in (params, grads, exp_avgs)]
-    sizes = [p.numel() for p in params]
-    threads = torch.get_num_threads() if sum(sizes) >= _PARALLEL_MIN else 1  # waking threads costs more
-    lib.lion_fp32(
-        n, *pointers, (ctypes.c_int64 * n)(*sizes), float(lr), 1.0 - float(lr) * weight_decay,
-        beta1, (1.0 - beta1) * gscale, beta2, (1.0 - beta2) * gscale, threads,
-    )
+    """Run the kernel over ``(p, g, m)`` triples (in place) if every one passes
+    :meth:`Batch.add`'s checks; else ``ValueError`` naming the first that does
+    not, before anything is written."""
+    if not len(params) == len(grads) == len(exp_avgs):
+        raise ValueError(f"Lion kernel: {len(params)} parameters, {len(grads)} gradients, {len(exp_avgs)} momenta")
+    batch = Batch()
+    for p, g, m in zip(params, grads, exp_avgs):
+        batch.add(p, g, m, strict=True)
+    batch.run(lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, gscale=gscale)

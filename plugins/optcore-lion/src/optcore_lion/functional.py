@@ -92,13 +92,14 @@ def lion(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weig
     hp = dict(lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, gscale=gscale)
     tracing = torch.compiler.is_compiling()  # the kernel and the pieces are eager-only
     kernel = not tracing and (fused or (fused is None and foreach is None and not compiled))
+    batch = _cpu_kernel.Batch() if kernel and _cpu_kernel.load() is not None else None
     routes: dict[str, tuple[Tensors, Tensors, Tensors]] = {}
     for p, g, m in zip(params, grads, exp_avgs):
         plain = type(p) in (Tensor, torch.nn.Parameter)  # a DTensor: its local shards, or torch ops, which know it
-        local = None if not kernel else (p, g, m) if plain else _cpu_kernel.local_shards(p, g, m)
-        if local is not None and _cpu_kernel.eligible(*local) and _cpu_kernel.load() is not None:
-            route, (p, g, m) = "kernel", local
-        elif plain and compiled and not tracing:
+        local = None if batch is None else (p, g, m) if plain else _cpu_kernel.local_shards(p, g, m)
+        if local is not None and batch.add(*local):  # type: ignore[union-attr]
+            continue
+        if plain and compiled and not tracing:
             route = "compiled"
         elif tracing or not plain or foreach or (foreach is None and p.device.type != "cpu"):
             route = "batches"
@@ -106,10 +107,10 @@ def lion(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weig
             route = "pieces"
         for bucket, t in zip(routes.setdefault(route, ([], [], [])), (p, g, m)):
             bucket.append(t)
+    if batch is not None:
+        batch.run(**hp)
     for route, (ps, gs, ms) in routes.items():
-        if route == "kernel":
-            _cpu_kernel.lion_fp32_(ps, gs, ms, **hp)
-        elif route == "compiled":
+        if route == "compiled":
             _compiled_lion(ps, gs, ms, **hp)
         elif route == "batches":
             for batch in by_device_and_dtype(ps, gs, ms).values():
