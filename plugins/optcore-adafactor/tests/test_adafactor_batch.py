@@ -252,15 +252,21 @@ def test_state_changed_between_steps_is_checked_again(change: str) -> None:
     assert all(torch.equal(a, p) for a, p in zip(before, (matrix, vector)))
 
 
+def _stepped_with_a_torch_twin() -> tuple[tuple, tuple]:
+    """Two copies of :func:`_stepped` (same seed): the loops' and, as the reference, the functional update's."""
+    torch.manual_seed(0)
+    ours = _stepped()
+    torch.manual_seed(0)
+    twin = _stepped()
+    for group in twin[2].param_groups:
+        group["implementation"] = "torch"
+    return ours, twin
+
+
 def test_a_new_gradient_the_loops_cannot_take_is_checked_or_stepped_by_torch() -> None:
     """The gradient is new every step: a sparse one gets the first step's
     error, a non-contiguous one the functional update, same numbers."""
-    torch.manual_seed(0)
-    matrix, vector, opt = _stepped()
-    torch.manual_seed(0)
-    twin, twin_vector, twin_opt = _stepped()
-    for group in twin_opt.param_groups:
-        group["implementation"] = "torch"
+    (matrix, vector, opt), (twin, twin_vector, twin_opt) = _stepped_with_a_torch_twin()
     matrix.grad = torch.randn(16, 8).to_sparse()
     with pytest.raises(StepError, match="is sparse"):
         opt.step()
@@ -277,12 +283,7 @@ def test_a_gradient_that_is_the_parameter_is_stepped_by_torch_not_the_loops() ->
     """The loops read their tensors as ``restrict``; ``p.grad = p.detach()``
     (allowed by torch) goes to the functional update, with its numbers, and
     the batch itself refuses tensors that share memory, naming them."""
-    torch.manual_seed(0)
-    matrix, vector, opt = _stepped()
-    torch.manual_seed(0)
-    twin, twin_vector, twin_opt = _stepped()
-    for group in twin_opt.param_groups:
-        group["implementation"] = "torch"
+    (matrix, vector, opt), (twin, twin_vector, twin_opt) = _stepped_with_a_torch_twin()
     for _ in range(2):
         for p in (matrix, vector, twin, twin_vector):
             p.grad = p.detach()
