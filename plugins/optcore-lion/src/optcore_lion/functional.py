@@ -95,6 +95,7 @@ def lion(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weig
     batch = _cpu_kernel.Batch() if kernel and _cpu_kernel.load() is not None else None
     routes: dict[str, tuple[Tensors, Tensors, Tensors]] = {}
     for p, g, m in zip(params, grads, exp_avgs):
+        g = g if tracing else unaliased(p, g, m)
         plain = type(p) in (Tensor, torch.nn.Parameter)  # a DTensor: its local shards, or torch ops, which know it
         local = None if batch is None else (p, g, m) if plain else _cpu_kernel.local_shards(p, g, m)
         if local is not None and batch.add(*local):  # type: ignore[union-attr]
@@ -117,6 +118,20 @@ def lion(params: Tensors, grads: Tensors, exp_avgs: Tensors, *, lr: Scalar, weig
                 _in_state_dtype(lion_update, *batch, **hp)
         else:
             _piecewise(ps, gs, ms, **hp)
+
+
+def unaliased(p: Tensor, g: Tensor, m: Tensor | None = None) -> Tensor:
+    """``g``, or a copy of it where it shares memory with the parameter or the
+    momentum (torch allows ``p.grad = p.detach()``). The update writes p and m
+    before its last read of g, so an aliased gradient would be read changed
+    (and the C kernel reads its tensors as ``restrict``): with the copy every
+    backend steps the gradient's value at the start of the step."""
+    if type(g) not in (Tensor, torch.nn.Parameter) or not g.numel():  # a DTensor gradient is FSDP2's own buffer
+        return g
+    storage = g.untyped_storage().data_ptr()
+    if storage and storage in (p.untyped_storage().data_ptr(), None if m is None else m.untyped_storage().data_ptr()):
+        return g.clone()
+    return g
 
 
 def _in_state_dtype(update: Callable[..., None], ps: Tensors, gs: Tensors, ms: Tensors, **hp: Any) -> None:

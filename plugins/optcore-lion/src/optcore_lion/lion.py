@@ -23,7 +23,7 @@ from pydantic import Field
 from torch import Tensor
 
 from . import _cpu_kernel
-from .functional import lion
+from .functional import lion, unaliased
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -205,7 +205,7 @@ class Lion(Optimizer):
                 raise StepError(f"Lion cannot step {_where(index, group, i, p)} with fused=True: {problem}; "
                                 "set fused=None (torch ops step any placement).",
                                 param=_where(index, group, i, p))
-            local = _cpu_kernel.local_shards(p, p.grad)
+            local = _cpu_kernel.local_shards(p, unaliased(p, p.grad))  # as lion() will step it
             problem = "its shards are not plain tensors" if local is None else _cpu_kernel.problem(*local)
             if problem is not None:
                 raise StepError(f"Lion cannot step {_where(index, group, i, p)} ({p.dtype}, {p.device}) with "
