@@ -715,9 +715,8 @@ def collect(sweep: Sweep) -> dict[str, Any]:
     meta = sweep.meta
     entries = meta["entries"]
     results = [result for _, result, _ in _latest_results(sweep._study(sweep.name))]
-    isolation, memory_note = run_notes(results, meta)
     doc: dict[str, Any] = {
-        "task": meta["task"], "summary": meta["summary"], "memory_note": memory_note, "isolation": isolation,
+        "task": meta["task"], "summary": meta["summary"],
         "loss_label": meta.get("loss_label", "loss"),
         "protocol": {**sweep.protocol, "seeds": meta["seeds"]}, "sweep": {"name": sweep.name, "planned_trials": sweep.planned()},
         "planned_runs": len(plan(entries, meta["seeds"], meta["lr_sweep"], meta["lrs"])),
@@ -735,5 +734,5 @@ def collect(sweep: Sweep) -> dict[str, Any]:
             row["swept"] = True  # the chosen point of a search
             row["score"] = optimizers[row["name"]]["score"]
         doc["tuned"] = {"optimizers": optimizers, "results": reseeds, "rows": rows}
-        doc["isolation"], doc["memory_note"] = run_notes(results + reseeds, meta)
+    doc["isolation"], doc["memory_note"] = run_notes(results + doc.get("tuned", {}).get("results", []), meta)
     return doc

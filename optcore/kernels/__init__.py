@@ -19,8 +19,8 @@ through here, only the plugins' own kernels do. Its parts:
 - :mod:`._compile`: compiling within one time limit, the cache key, and
   :func:`build_c_library`;
 - :mod:`._pointers`: :func:`pointer_problem`, the check every tensor passes
-  before its data pointer is handed to C, and :func:`overlap_problem`, the
-  check that a kernel's tensors do not share memory.
+  before its data pointer is handed to C, and :func:`overlap_problem`
+  (:func:`disjoint` on raw pointers), the check that a kernel's tensors do not share memory.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from ._compile import (
     compiler,
     cpu_features,
 )
-from ._pointers import overlap_problem, pointer_problem
+from ._pointers import disjoint, overlap_problem, pointer_problem
 
 __all__ = [
     "DEFAULT_BUILD_TIMEOUT",
@@ -44,6 +44,7 @@ __all__ = [
     "cache_dir",
     "compiler",
     "cpu_features",
+    "disjoint",
     "overlap_problem",
     "pointer_problem",
 ]

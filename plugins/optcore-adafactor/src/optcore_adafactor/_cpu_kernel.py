@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from optcore.kernels import build_c_library, overlap_problem, pointer_problem
+from optcore.kernels import build_c_library, disjoint, overlap_problem, pointer_problem
 
 #: The loops' C source, shipped in the package (package data).
 SOURCE = Path(__file__).parent / "csrc" / "adafactor_fp32.c"
@@ -137,14 +137,6 @@ def _pointer(name: str, t: Tensor | None, shape: Sequence[int]) -> int | None:
             "Step the optimizer while its tensors hold their memory."
         )
     return None
-
-
-def _disjoint(spans: Sequence[tuple[int, int]]) -> bool:
-    """True if no two of these (address, bytes) spans share memory (address 0: absent).
-    The same test as :func:`optcore.kernels.overlap_problem`, on the pointers
-    already taken: a fraction of its cost, paid for every parameter every step."""
-    ordered = sorted((start, start + size) for start, size in spans if start and size)
-    return all(end <= start for (_, end), (start, _) in zip(ordered, ordered[1:]))
 
 
 def _require(name: str, t: Tensor | None, shape: Sequence[int]) -> int:
@@ -232,7 +224,7 @@ class Batch:
             return False
         n, m = dims
         size = 4 * n * (m or 1)
-        if not _disjoint(((x, size), (g, size), (mom, size), (row, 4 * n), (col, 4 * m), (rms_ptr, 4))):
+        if not disjoint(((x, size), (g, size), (mom, size), (row, 4 * n), (col, 4 * m), (rms_ptr, 4))):
             if strict:
                 names = ("exp_avg_sq_row", "exp_avg_sq_col") if len(stats) == 2 else ("exp_avg_sq",)
                 named = {"param": param, "grad": grad, "exp_avg": exp_avg, **dict(zip(names, stats)), "RMS": rms}

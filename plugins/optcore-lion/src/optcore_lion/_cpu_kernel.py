@@ -20,7 +20,7 @@ import functools
 from pathlib import Path
 
 import torch
-from optcore.kernels import build_c_library, overlap_problem, pointer_problem
+from optcore.kernels import build_c_library, disjoint, overlap_problem, pointer_problem
 from torch import Tensor
 
 #: The kernel's C source, shipped in the package (package data).
@@ -74,9 +74,8 @@ def problem(*tensors: Tensor) -> str | None:
 
 
 def _overlap(tensors: tuple[Tensor, ...] | list[Tensor]) -> str | None:
-    """:func:`optcore.kernels.overlap_problem` of a triple, its common case (apart) first and cheap."""
-    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors if t.numel())
-    if all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])):
+    """:func:`optcore.kernels.overlap_problem` of a triple; the message is built only when they overlap."""
+    if disjoint((t.data_ptr(), t.numel() * t.element_size()) for t in tensors):
         return None
     return overlap_problem(dict(zip(("parameter", "gradient", "momentum"), tensors)))
 
