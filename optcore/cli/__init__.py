@@ -112,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with warnings.catch_warnings():  # the filters stay; only how a shown warning reads changes
         warnings.showwarning = _show_warning
+        # torch without NumPy says so at import; no command of optcore's needs NumPy
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
         try:
             if args.command in ("check", "show", "schema") and not getattr(args, "import_modules", False):
                 from ..guards import without_imports  # a judging command runs no config's module
@@ -123,16 +125,44 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         except ModuleNotFoundError as exc:
-            extra = EXTRAS.get((exc.name or "").partition(".")[0])
-            if extra is None:
-                raise
-            print(f"error: optcore {args.command} needs {exc.name}, which is not installed: "
-                  f"pip install 'optcore[{extra}]'.", file=sys.stderr)  # fmt: skip
+            print(f"error: {missing_module(args.command, exc.name)}", file=sys.stderr)
             return 1
 
 
-#: the optional packages the applications import, and the extra that installs each
-EXTRAS = {"rich": "compare", "matplotlib": "compare", "optuna": "compare", "yaml": "yaml"}
+#: the optional packages optcore's commands import (top-level module), and the extra that installs each
+EXTRAS = {
+    "rich": "cli",
+    "yaml": "yaml",
+    "matplotlib": "compare",
+    "optuna": "compare",
+    "scipy": "compare",  # Optuna's QMC sampler, which compare's sweeps use
+    "psycopg2": "compare",
+    "transformers": "hf",
+    "accelerate": "hf",
+    "deepspeed": "deepspeed",
+    "omegaconf": "hydra",
+    "hydra": "hydra",
+    "pytorch_lightning": "lightning",
+    "lightning": "lightning",
+    "swift": "swift",
+}
+
+#: the extra each application command needs as a whole
+_COMMAND_EXTRAS = {"compare": "compare", "train": "compare", "memory": "compare"}
+
+
+def missing_module(command: str, module: str | None) -> str:
+    """One line for a module a command needs and this environment lacks: the
+    extra that installs it, or, for a module no extra provides, the package."""
+    top = (module or "").partition(".")[0]
+    extra = _COMMAND_EXTRAS.get(command) if top in EXTRAS and EXTRAS[top] in ("cli", "yaml", "compare") else None
+    extra = extra or EXTRAS.get(top)
+    if extra is not None:
+        return f"optcore {command} needs {module}, which is not installed: pip install 'optcore[{extra}]'."
+    return (
+        f"optcore {command} needs the module {module!r}, which is not installed and which no optcore extra "
+        "provides: install the package that provides it (the config or task that imports it names it)."
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover
