@@ -112,7 +112,8 @@ def test_each_extra_alone_runs_its_commands(extra, tmp_path):
     for argv, rc, expected in CASES[extra]:
         argv = [str(bin_dir / argv[0]), *(names.get(a, a) for a in argv[1:])]
         done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900, check=False)
-        shown = f"{argv[0]} {' '.join(a[:40] for a in argv[1:])}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+        command = " ".join([argv[0], *(a[:40] for a in argv[1:])])
+        shown = f"{command}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
         assert done.returncode == rc, shown
         assert "Traceback" not in done.stderr, shown
         assert expected in done.stdout + done.stderr, shown
