@@ -16,7 +16,7 @@ from .guards import PatternError, compile_pattern
 
 Rule = tuple[Any, dict[str, Any]]  # an RE2 pattern: .search and .pattern as re's
 
-GROUP_META_KEYS = frozenset({"name", "lr_scale", "params", "optimizer"})
+GROUP_META_KEYS = frozenset({"name", "lr_scale", "params", "param_names", "optimizer"})  # param_names: torch's own
 #: Keys that only steer the matching.
 MATCH_KEYS = frozenset({"optional"})
 

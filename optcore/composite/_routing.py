@@ -13,6 +13,7 @@ where its optimizer cannot take it, is a :class:`ConfigError` listing it.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -155,7 +156,18 @@ def _route(plan_: Any, parts: dict[str, Any], fallback: str | None, group_specs:
                     continue
             split.setdefault(label, []).append(p)
         for label, tensors in split.items():
-            per_part[label].append({**group, "params": tensors, "optimizer": label})
+            entry = {**group, "params": tensors, "optimizer": label}
+            if "param_names" in group:  # torch's named groups: the names of this part's tensors
+                entry["param_names"] = [names.get(id(t), "") for t in tensors]
+            per_part[label].append(entry)
+    unnamed = _unnamed_matrices(per_part[main_label], names) if matrix_only(plan_.spec.target) else []
+    if unnamed:
+        warnings.warn(
+            f"{main_label} takes {len(unnamed)} 2-D parameter(s) given without a name (shapes {unnamed[:4]}): "
+            "without names, embeddings and the output head cannot be told from hidden matrices and go to "
+            f"{main_label} too. Pass the model, dict(model.named_parameters()), or param groups with 'param_names'.",
+            stacklevel=4,
+        )
     if cannot:
         raise ConfigError(
             "These parameters are routed by a param group to an optimizer that takes only 2-D matrices: "
@@ -186,6 +198,11 @@ def _route(plan_: Any, parts: dict[str, Any], fallback: str | None, group_specs:
                 })
     all_groups = tuple(g for planned in finished.values() for g in planned.groups)
     return replace(plan_, parts=tuple(finished.values()), groups=all_groups, routing=tuple(rows))
+
+
+def _unnamed_matrices(groups: list[dict[str, Any]], names: dict[int, str]) -> list[tuple[int, ...]]:
+    """The shapes of the matrices in ``groups`` that carry no name."""
+    return [tuple(p.shape) for g in groups for p in g["params"] if p.ndim == 2 and id(p) not in names]
 
 
 def _shared_lr(plan_: Any, fallback: Any) -> Any:
@@ -219,23 +236,40 @@ def _why_not_main(target: Any, p: Tensor, avoided: str | None) -> str | None:
 
 
 def _names(params_or_model: Any) -> dict[int, str]:
+    """Each parameter's name, from every form that carries one: a model, a dict
+    of name -> tensor, ``(name, tensor)`` pairs, or param-group dicts with torch's
+    ``param_names``."""
     if isinstance(params_or_model, nn.Module):
         return {id(p): n for n, p in reversed(list(params_or_model.named_parameters()))}
     if isinstance(params_or_model, Mapping):
         return {id(p): str(n) for n, p in params_or_model.items() if isinstance(p, Tensor)}
+    if isinstance(params_or_model, (list, tuple)):
+        names: dict[int, str] = {}
+        for item in params_or_model:
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Tensor):
+                names[id(item[1])] = item[0]
+            elif isinstance(item, Mapping) and isinstance(item.get("param_names"), (list, tuple)):
+                tensors = item.get("params")
+                tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors or [])
+                names.update((id(t), str(n)) for n, t in zip(item["param_names"], tensors) if isinstance(t, Tensor))
+        return names
     return {}
 
 
 def _avoid(model: nn.Module | None, names: dict[int, str]) -> dict[int, str]:
-    """The matrices a matrix optimizer should leave to the fallback: embeddings and the output head."""
+    """The matrices a matrix optimizer should leave to the fallback: embeddings and
+    the output head. The name rule applies to every form that carries names (so a
+    model and ``dict(model.named_parameters())`` route alike); a model adds what
+    only its modules tell (``nn.Embedding`` under any name, HF's
+    ``get_output_embeddings()``, timm's ``pretrained_cfg["classifier"]``)."""
     out: dict[int, str] = {}
+    for pid, name in names.items():
+        parts = name.split(".")
+        if parts[0] in HEAD_NAMES or "lm_head" in parts:
+            out[pid] = "output head"
+        elif _EMBEDDING_NAME.search(name):
+            out[pid] = "embedding"
     if model is None:
-        for pid, name in names.items():
-            parts = name.split(".")
-            if parts[0] in HEAD_NAMES or "lm_head" in parts:
-                out[pid] = "output head"
-            elif _EMBEDDING_NAME.search(name):
-                out[pid] = "embedding"
         return out
     heads: list[nn.Module] = []
     get_output = getattr(model, "get_output_embeddings", None)
