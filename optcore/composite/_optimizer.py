@@ -41,7 +41,9 @@ class CompositeOptimizer(ContractMixin, torch.optim.Optimizer):
             for hook in getattr(part, "_optimizer_load_state_dict_pre_hooks", {}).values():
                 self.register_load_state_dict_pre_hook(hook)
         self.routing = tuple(routing)
-        self._routed = {label: {id(p) for g in part.param_groups for p in g["params"]} for label, part in self.parts.items()}
+        # what each part was routed, by group and shape: a precision wrapper re-points the groups to fp32
+        # copies of the same shapes after the build, which is no change of routing
+        self._routed = {label: _layout(part) for label, part in self.parts.items()}
         self._base_lrs = [_as_float(g["lr"]) for g in self.param_groups]
         self._checked = False
         self.optcore_spec = COMPOSITE_SPEC
@@ -119,7 +121,7 @@ class CompositeOptimizer(ContractMixin, torch.optim.Optimizer):
         problems, idle = [], []
         for label, ids in stepped.items():
             part = self.parts[label]
-            strangers = ids - self._routed[label]
+            strangers = ids & _not_built_with(part, self._routed[label])
             if strangers:
                 problems.append(f"{label} stepped {len(strangers)} parameters not routed to it")
             if ids:  # a stateful algorithm: each parameter it stepped has state
@@ -160,6 +162,22 @@ class CompositeOptimizer(ContractMixin, torch.optim.Optimizer):
 
 def _params_in_routing_order(optimizer: CompositeOptimizer) -> list[Tensor]:
     return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def _layout(part: torch.optim.Optimizer) -> list[list[tuple[int, ...]]]:
+    """The shapes of each of ``part``'s groups' parameters, in order."""
+    return [[tuple(p.shape) for p in g["params"]] for g in part.param_groups]
+
+
+def _not_built_with(part: torch.optim.Optimizer, built: list[list[tuple[int, ...]]]) -> set[int]:
+    """The ids of ``part``'s parameters in no place its build gave it: a place
+    is a group and a position with the shape it had (a wrapper's fp32 copy, or
+    torch's new group dicts after a load, keep every place)."""
+    out = set()
+    for g, group in enumerate(part.param_groups):
+        shapes = built[g] if g < len(built) else []
+        out.update(id(p) for i, p in enumerate(group["params"]) if i >= len(shapes) or tuple(p.shape) != shapes[i])
+    return out
 
 
 def _label(part: torch.optim.Optimizer) -> str:
