@@ -11,6 +11,7 @@ from typing import Any
 
 from optcore import ConfigError
 
+from .._values import clean_text
 from .report import fmt, human_bytes
 
 
@@ -100,12 +101,16 @@ def _title(meta: Mapping[str, Any]) -> str:
 
 
 def render_memory(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> None:
+    """One line per config, at most 100 columns where the output is not a terminal
+    (a terminal's own width otherwise; the note column folds). Names come from the
+    user's files, so they are shown as text, never as markup."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(soft_wrap=False)
     if not console.is_terminal:
-        console = Console(soft_wrap=False, width=170)
+        console = Console(soft_wrap=False, width=100)
     sharded, check = bool(meta.get("sharding")), bool(meta.get("check"))
     caption = ("state: optimizer state incl. master copies (the fp32 copies and their gradients of a precision "
                "wrapper, also shown alone); total: state + gradients + parameters (resident); step peak: what a "
@@ -114,39 +119,66 @@ def render_memory(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) ->
     if sharded:
         caption += " per rank: rank 0's parameters + gradients + state (see `optcore.compare.memory_shard`)."
     if check:
-        caption += " measured: a real step on the CPU (tensor storages); a red figure differs."
-    table = Table(title=f"optcore memory: {_title(meta)}", caption=caption)
-    columns = ["config (built)", "state", "master", "grads", "params", "total", "B/param", "step peak"]
+        caption += (" check: a real step on the CPU counted the same tensor storages (ok), or the note says which "
+                    "figure differs.")  # fmt: skip
+    from rich import box
+
+    table = Table(title=Text(f"optcore memory: {_title(meta)}"), box=box.SIMPLE_HEAD, pad_edge=False)
+    # what every config shares (the model's parameters and gradients) goes above the table, not in a column
+    shared = {key: {r[key] for r in rows} for key in ("param_bytes", "grad_bytes")}
+    common = [f"{label} {human_bytes(next(iter(shared[key])))}" for key, label in
+              (("param_bytes", "params"), ("grad_bytes", "grads")) if len(shared[key]) == 1]  # fmt: skip
+    columns = ["config", "state"]
+    columns += ["master"] if any(r["master_bytes"] for r in rows) else []
+    columns += [label for key, label in (("grad_bytes", "grads"), ("param_bytes", "params")) if len(shared[key]) > 1]
+    columns += ["total", "B/param", "step peak"]
     if sharded:
-        columns += ["per rank", "rank step peak"]
+        columns += ["per rank", "rank peak"]
+    if check:
+        columns.append("check")
+    widest = min(24, max((len(_label(r)) for r in rows), default=6))
     for col in [*columns, "note"]:
-        table.add_column(col, justify="left" if col in ("config (built)", "note") else "right",
-                         no_wrap=col != "note", overflow="fold")  # fmt: skip
+        table.add_column(col, justify="left" if col == "config" else "right", no_wrap=col != "config",
+                         overflow="fold", min_width=widest if col == "config" else None)  # fmt: skip
+    notes: list[Any] = []
     for r in rows:
-        real = r.get("measured") or {}
-        rank, real_rank = r.get("per_rank") or {}, real.get("per_rank") or {}
-        cells = [f"[bold]{r['name']}[/bold]\n[dim]{r['built'] or '-'}[/dim]", _cell(r, real, "state_bytes"),
-                 human_bytes(r["master_bytes"]) if r["master_bytes"] else "-", _cell(r, real, "grad_bytes"),
-                 _cell(r, real, "param_bytes"), human_bytes(r["total_bytes"]), fmt(r["total_bytes_per_param"], ".1f"),
-                 _cell(r, real, "transient_bytes")]  # fmt: skip
-        if sharded:
-            cells += [_cell(rank, real_rank, "total_bytes"), _cell(rank, real_rank, "transient_bytes")]
-        notes = [n for n in (r["note"], r.get("per_rank_note")) if n]
-        notes += r.get("differences") or []
-        note = "; ".join(notes)
-        cells.append(f"[red]{note}[/red]" if r["status"] != "ok" or r.get("differences") else f"[yellow]{note}[/yellow]")
+        rank = r.get("per_rank") or {}
+        values = {"state": human_bytes(r["state_bytes"]), "master": human_bytes(r["master_bytes"]) if r["master_bytes"]
+                  else "-", "grads": human_bytes(r["grad_bytes"]), "params": human_bytes(r["param_bytes"]),
+                  "total": human_bytes(r["total_bytes"]), "B/param": fmt(r["total_bytes_per_param"], ".1f"),
+                  "step peak": human_bytes(r["transient_bytes"]), "per rank": human_bytes(rank.get("total_bytes")),
+                  "rank peak": human_bytes(rank.get("transient_bytes")), "check": _check_cell(r)}  # fmt: skip
+        cells: list[Any] = [Text(_label(r), style="bold"), *(values[c] for c in columns[1:])]
+        said = [n for n in (r["note"], r.get("per_rank_note")) if n] + list(r.get("differences") or [])
+        bad = r["status"] != "ok" or bool(r.get("differences"))
+        if said:
+            notes.append(Text(f"{len(notes) + 1}. {_label(r)}: {'; '.join(said)}", style="red" if bad else "yellow"))
+        cells.append(str(len(notes)) if said else "")
         table.add_row(*cells)
+    if common:
+        table.caption = Text(f"every config: {', '.join(common)}")
     console.print(table)
+    for note in notes:  # under the table, so that long notes leave its columns their width
+        console.print(note)
+    console.print(Text(caption, style="dim"))
 
 
-def _cell(predicted: Mapping[str, Any], measured: Mapping[str, Any], key: str) -> str:
-    """A predicted figure, and the measured one under it where ``--check`` ran (red where they differ)."""
-    text = human_bytes(predicted.get(key))
-    if key not in measured or measured[key] is None:
-        return text
-    same = measured[key] == predicted.get(key)
-    real = human_bytes(measured[key])
-    return f"{text}\n[{'green' if same else 'red'}]{real}[/]"
+def _label(row: Mapping[str, Any]) -> str:
+    """The config's name, and what it resolved to where that is not torch's class of the same name."""
+    name, built = clean_text(row["name"], 60), row.get("built")
+    if not built or built in (name, f"torch:{name}"):
+        return name
+    return f"{name} ({clean_text(built, 60)})"
+
+
+def _check_cell(row: Mapping[str, Any]) -> Any:
+    from rich.text import Text
+
+    if "measured" not in row:
+        return Text("-", style="dim")
+    if row.get("differences"):
+        return Text("differs", style="red")
+    return Text("ok", style="green")
 
 
 def plot_memory(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], path: Path) -> None:

@@ -111,3 +111,25 @@ def test_bad_inputs_say_what_to_do(tmp_path, capsys):
     assert "7B" in capsys.readouterr().err
     assert main(["memory", "--params", "1M", "--memory-efficient"]) == 1
     assert "bf16 or fp16" in capsys.readouterr().err
+
+
+def test_the_table_is_one_line_per_config_within_100_columns_with_the_check_as_a_column(tmp_path, capsys):
+    """Each config is one line (its name, what it resolved to where that is not torch's
+    class of that name, its figures, the check); notes go under the table, and names
+    from the user's file are text, never markup."""
+    config = tmp_path / "lineup.json"
+    config.write_text(json.dumps({"configs": [
+        {"name": "[bold red]AdamW[/", "optimizer": {"type": "AdamW", "lr": 1e-3}},
+        {"name": "plain SGD \x1b[2J", "optimizer": {"type": "SGD", "lr": 0.1, "momentum": 0.9}},
+    ]}))  # fmt: skip
+    assert main(["memory", "--params", "100k", "--config", str(config), "--check"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 100, out
+    assert "\x1b" not in out, out
+    header = next(line for line in lines if line.lstrip().startswith("config"))
+    assert "check" in header.split() and "note" in header.split()
+    adamw = [line for line in lines if "[bold red]AdamW[/" in line]
+    assert len(adamw) == 1 and adamw[0].split()[-1] == "ok", out  # one row, checked, its name as written
+    assert sum("SGD" in line for line in lines) == 1, out
+    assert "every config: params 390.6 KiB, grads 390.6 KiB" in out
