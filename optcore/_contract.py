@@ -89,7 +89,8 @@ class ContractMixin:
 
     def set_lr(self, lr: float | Tensor | Sequence[float | Tensor]) -> None:
         """One number sets each group to ``lr * lr_scale``; a sequence, one per group.
-        A tensor ``lr`` is filled in place, so compiled steps see no new value."""
+        A tensor ``lr`` is filled in place, so compiled steps see no new value. A group
+        whose lr is ``None`` computes its own step size (Adafactor's relative step) and keeps it."""
         if isinstance(lr, (int, float)) or (isinstance(lr, Tensor) and lr.ndim == 0):
             values = [lr * g.get("lr_scale", 1.0) for g in self.param_groups]
         else:
@@ -100,6 +101,8 @@ class ContractMixin:
                     "pass one number, or one per group."
                 )
         for group, value in zip(self.param_groups, values):
+            if group["lr"] is None or value is None:
+                continue
             if isinstance(group["lr"], Tensor):
                 group["lr"].fill_(value.detach() if isinstance(value, Tensor) else value)
             else:

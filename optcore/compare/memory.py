@@ -28,6 +28,7 @@ from optcore import ConfigError, resolve
 
 from .._config import typed_config
 from ..composite import CompositeOptimizer, StepInBackward
+from .. import kernels
 from .._contract import ContractMixin
 from .lineup import built_name
 from .metascalars import MetaScalars, ItemsInKernels
@@ -129,8 +130,9 @@ def _unpredictable(optimizer_cfg: Any) -> str | None:
         return None
     if inputs.needs_closure:
         return "its state grows with the closure's evaluations (a history of steps): not predicted"
-    if "*" in inputs.skip:
-        return f"not predicted: {inputs.skip['*']}"
+    if "*" in inputs.skip and _accumulations(optimizer_cfg) == 1:  # the step here accumulates as configured
+        return (f"not predicted: {inputs.skip['*']}; a config that accumulates (num_gradients_to_accumulate: 2 "
+                "or more, in a --config entry) is predicted")
     return None
 
 
@@ -138,7 +140,9 @@ def step_on(model: nn.Module | None, optimizer: Any, accumulations: int = 1, mod
             params: list[Tensor] | None = None) -> None:  # fmt: skip
     """Step ``optimizer`` as training does: ``accumulations`` backward passes and
     one step (under ``mode``, e.g. :class:`MetaScalars`; ``watch`` around the step
-    alone, e.g. :class:`~optcore.compare.transient.LiveStorages`). The backward
+    alone, e.g. :class:`~optcore.compare.transient.LiveStorages`). On the meta
+    device a plugin's C kernel stands in for itself (:func:`optcore.kernels.predicting`):
+    the prediction takes the path a CPU step takes. The backward
     runs when something watches it (a precision wrapper's own ``backward`` scales
     the loss there; AdaScale's gradient hooks measure it); otherwise the gradients
     are set directly, which on the meta device costs nothing. ``params`` are the
@@ -148,6 +152,11 @@ def step_on(model: nn.Module | None, optimizer: Any, accumulations: int = 1, mod
         params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
+    with kernels.predicting() if any(p.is_meta for p in params) else contextlib.nullcontext():
+        _step(optimizer, params, accumulations, mode, watch)
+
+
+def _step(optimizer: Any, params: list[Tensor], accumulations: int, mode: Any, watch: Any) -> None:
     mode = mode if mode is not None else contextlib.nullcontext()
     if watch is None:
         watch = contextlib.nullcontext()

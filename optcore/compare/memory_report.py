@@ -125,7 +125,9 @@ def render_memory(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) ->
 
     table = Table(title=Text(f"optcore memory: {_title(meta)}"), box=box.SIMPLE_HEAD, pad_edge=False)
     # what every config shares (the model's parameters and gradients) goes above the table, not in a column
-    shared = {key: {r[key] for r in rows} for key in ("param_bytes", "grad_bytes")}
+    # (from the configs that were predicted: one whose build failed has no precision applied to show)
+    predicted = [r for r in rows if r["state_bytes"] is not None] or list(rows)
+    shared = {key: {r[key] for r in predicted} for key in ("param_bytes", "grad_bytes")}
     common = [f"{label} {human_bytes(next(iter(shared[key])))}" for key, label in
               (("param_bytes", "params"), ("grad_bytes", "grads")) if len(shared[key]) == 1]  # fmt: skip
     columns = ["config", "state"]
@@ -136,11 +138,8 @@ def render_memory(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) ->
         columns += ["per rank", "rank peak"]
     if check:
         columns.append("check")
-    widest = min(24, max((len(_label(r)) for r in rows), default=6))
-    for col in [*columns, "note"]:
-        table.add_column(col, justify="left" if col == "config" else "right", no_wrap=col != "config",
-                         overflow="fold", min_width=widest if col == "config" else None)  # fmt: skip
     notes: list[Any] = []
+    body: list[list[Any]] = []
     for r in rows:
         rank = r.get("per_rank") or {}
         values = {"state": human_bytes(r["state_bytes"]), "master": human_bytes(r["master_bytes"]) if r["master_bytes"]
@@ -148,12 +147,16 @@ def render_memory(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) ->
                   "total": human_bytes(r["total_bytes"]), "B/param": fmt(r["total_bytes_per_param"], ".1f"),
                   "step peak": human_bytes(r["transient_bytes"]), "per rank": human_bytes(rank.get("total_bytes")),
                   "rank peak": human_bytes(rank.get("transient_bytes")), "check": _check_cell(r)}  # fmt: skip
-        cells: list[Any] = [Text(_label(r), style="bold"), *(values[c] for c in columns[1:])]
         said = [n for n in (r["note"], r.get("per_rank_note")) if n] + list(r.get("differences") or [])
         bad = r["status"] != "ok" or bool(r.get("differences"))
         if said:
             notes.append(Text(f"{len(notes) + 1}. {_label(r)}: {'; '.join(said)}", style="red" if bad else "yellow"))
-        cells.append(str(len(notes)) if said else "")
+        body.append([Text(_label(r), style="bold"), *(values[c] for c in columns[1:]), str(len(notes)) if said else ""])
+    headers = _headers([*columns, "note"], body, console.width)
+    for col, header in zip([*columns, "note"], headers):
+        table.add_column(header, justify="left" if col == "config" else "right", no_wrap=col != "config",
+                         overflow="fold")
+    for cells in body:
         table.add_row(*cells)
     if common:
         table.caption = Text(f"every config: {', '.join(common)}")
@@ -161,6 +164,23 @@ def render_memory(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) ->
     for note in notes:  # under the table, so that long notes leave its columns their width
         console.print(note)
     console.print(Text(caption, style="dim"))
+
+
+def _headers(columns: list[str], body: list[list[Any]], width: int) -> list[str]:
+    """The column headers: on two lines ("step" over "peak") where the figures
+    would otherwise leave the config column less than its longest word (at least
+    16 characters, at most 30) of ``width``: figures never wrap; the config
+    column wraps between words."""
+    def figures(headers: list[str]) -> int:
+        cells = [max(len(line) for line in h.split("\n")) for h in headers[1:]]
+        for row in body:
+            cells = [max(w, len(str(c))) for w, c in zip(cells, row[1:])]
+        return sum(cells) + 3 * len(cells) + 2  # a space each side and a separator; the edges
+
+    word = max((len(w) for row in body for w in str(row[0]).split()), default=6)
+    if width - figures(columns) - 3 >= min(max(word, 16), 30):
+        return columns
+    return [c if c == "config" else c.replace(" ", "\n") for c in columns]
 
 
 def _label(row: Mapping[str, Any]) -> str:

@@ -5,7 +5,8 @@ state that outlives it.
 
 Counted from tensor storages, not from the process's resident memory: a
 dispatch mode sees every storage an op makes, and a weak reference says when it
-is freed. The same count runs on the meta device (``optcore memory``'s
+is freed; a plugin's C kernel adds the scratch it declares
+(:func:`optcore.kernels.run_kernel`) while it runs. The same count runs on the meta device (``optcore memory``'s
 prediction: meta storages have sizes and no data) and on real tensors (its
 ``--check``), so the two compare storage for storage, whatever else the machine
 is doing.
@@ -19,6 +20,8 @@ from torch import Tensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from .. import kernels
 
 
 class LiveStorages(TorchDispatchMode):
@@ -44,6 +47,22 @@ class LiveStorages(TorchDispatchMode):
         self._live = {k: v for k, v in self._live.items() if not v[0].expired()}
         self.peak = max(self.peak, self.live_bytes())
         return out
+
+    def __enter__(self) -> LiveStorages:
+        self._counting = kernels.counting_scratch(self._kernel_scratch)
+        self._counting.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._counting.__exit__(*exc)
+
+    def _kernel_scratch(self, nbytes: int) -> None:
+        """A plugin's C kernel holds ``nbytes`` of its own (``malloc``) memory
+        while it runs, beside what is alive (see :func:`optcore.kernels.run_kernel`)."""
+        self.peak = max(self.peak, self.live_bytes() + nbytes)
 
     def live_bytes(self) -> int:
         return sum(n for ref, n in self._live.values() if not ref.expired())

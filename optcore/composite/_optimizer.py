@@ -80,12 +80,15 @@ class CompositeOptimizer(ContractMixin, torch.optim.Optimizer):
     def set_lr(self, lr: float | Tensor | Sequence[float | Tensor]) -> None:
         """One number is the first group's lr (over its ``lr_scale``); every other
         group keeps its ratio to it from the build, so Muon's 0.02 and AdamW's 3e-4
-        move together, as a scheduler moves them."""
+        move together, as a scheduler moves them. The first group is the first that has an
+        lr: a part with a relative step size (Adafactor's, lr ``None``) keeps computing its own."""
         if isinstance(lr, (int, float)) or (isinstance(lr, Tensor) and lr.ndim == 0):
-            first = self.param_groups[0].get("lr_scale", 1.0) * lr / self._base_lrs[0] if self._base_lrs[0] else None
-            if first is None:
-                raise ConfigError("set_lr(number) scales every group from the first group's base lr, which is 0; pass one lr per group.")
-            return super().set_lr([first * base for base in self._base_lrs])
+            known = [(g, base) for g, base in zip(self.param_groups, self._base_lrs) if base is not None]
+            if not known or not known[0][1]:
+                raise ConfigError("set_lr(number) scales every group from the first group's base lr, which is "
+                                  f"{'0' if known else 'None'}; pass one lr per group.")
+            first = known[0][0].get("lr_scale", 1.0) * lr / known[0][1]
+            return super().set_lr([None if base is None else first * base for base in self._base_lrs])
         return super().set_lr(lr)
 
     def step(  # type: ignore[override]
@@ -187,7 +190,10 @@ def _label(part: torch.optim.Optimizer) -> str:
     return str(labels.pop())
 
 
-def _as_float(lr: Any) -> float:
+def _as_float(lr: Any) -> float | None:
+    """A group's lr as a number; ``None`` where the part computes its own (Adafactor's relative step)."""
+    if lr is None:
+        return None
     return float(lr.detach()) if isinstance(lr, Tensor) else float(lr)
 
 

@@ -20,7 +20,11 @@ through here, only the plugins' own kernels do. Its parts:
   :func:`build_c_library`;
 - :mod:`._pointers`: :func:`pointer_problem`, the check every tensor passes
   before its data pointer is handed to C, and :func:`overlap_problem`
-  (:func:`disjoint` on raw pointers), the check that a kernel's tensors do not share memory.
+  (:func:`disjoint` on raw pointers), the check that a kernel's tensors do not share memory;
+- :mod:`._run`: :func:`run_kernel`, through which every C call goes with the
+  scratch it declares, so that ``optcore memory`` predicts the path a CPU step
+  takes (:func:`predicting`) and counts the kernel's own memory
+  (:func:`counting_scratch`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ._compile import (
     cpu_features,
 )
 from ._pointers import disjoint, overlap_problem, pointer_problem
+from ._run import counting_scratch, is_predicting, predicting, run_kernel
 
 __all__ = [
     "DEFAULT_BUILD_TIMEOUT",
@@ -43,8 +48,12 @@ __all__ = [
     "build_timeout",
     "cache_dir",
     "compiler",
+    "counting_scratch",
     "cpu_features",
     "disjoint",
+    "is_predicting",
     "overlap_problem",
     "pointer_problem",
+    "predicting",
+    "run_kernel",
 ]

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ._run import is_predicting
+
 
 def pointer_problem(t: Any, dtype: Any) -> str | None:
     """Why a C kernel may not be handed ``t``'s data pointer as ``dtype``
@@ -17,7 +19,10 @@ def pointer_problem(t: Any, dtype: Any) -> str | None:
     that dtype, contiguous, not a lazily negated/conjugated view, with an
     allocated storage that holds all of it. Kernels trust the sizes they are
     given, so every plugin checks each tensor with this before its pointer
-    leaves Python (and checks shapes against each other itself)."""
+    leaves Python (and checks shapes against each other itself).
+
+    Within :func:`~optcore.kernels.predicting`, a meta tensor is taken where
+    the same tensor on the CPU would be (it has no storage to check)."""
     import torch  # kernels are built without torch; checking a tensor needs it
 
     # the common case is tested first, in one expression: plugins call this for every tensor every step
@@ -28,13 +33,16 @@ def pointer_problem(t: Any, dtype: Any) -> str | None:
             return "is missing"
         if type(t) not in (torch.Tensor, torch.nn.Parameter):  # DTensor, FakeTensor...: no plain memory to hand over
             return f"is a {type(t).__name__}, not a plain tensor"
-        if t.device.type != "cpu":
+        standing_in = t.is_meta and is_predicting()  # a prediction's meta tensor, judged as its CPU twin
+        if t.device.type != "cpu" and not standing_in:
             return f"is on {t.device}, not the CPU"
         if t.dtype != dtype:
             return f"is {t.dtype}, not {dtype}"
         if not t.is_contiguous():
             return "is not contiguous"
-        return "is a lazily negated or conjugated view"
+        if t.is_neg() or t.is_conj():
+            return "is a lazily negated or conjugated view"
+        return None  # a meta tensor within predicting(): no storage to check
     if t.numel() == 0:
         return None
     try:

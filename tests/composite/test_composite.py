@@ -299,6 +299,22 @@ def test_set_lr_keeps_each_group_at_its_ratio() -> None:
     assert {g["optimizer"]: g["lr"] for g in opt.param_groups} == lrs
 
 
+def test_a_part_with_a_relative_step_size_keeps_it_under_set_lr() -> None:
+    """Adafactor's relative step has lr None: the composite builds, steps, and
+    set_lr moves Muon's lr while Adafactor keeps computing its own."""
+    pytest.importorskip("optcore_adafactor")
+    model = tiny()
+    opt = optcore.build_optimizer({"type": "Muon", "lr": 0.02, "fallback": {"type": "optcore-adafactor:Adafactor"}},
+                                  model)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss_of(model, 0).backward()
+    opt.step()
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    opt.set_lr(0.01)
+    lrs = {g["optimizer"]: g["lr"] for g in opt.param_groups}
+    assert lrs == {"Muon": pytest.approx(0.01), "Adafactor": None}
+
+
 # ------------------------------------------------------ the first-step check
 def test_first_step_names_parameters_a_frozen_module_left_unstepped() -> None:
     model = tiny()

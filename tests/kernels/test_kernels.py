@@ -372,3 +372,28 @@ def test_plugin_kernels_are_package_data(path: Path) -> None:
     patterns = config["tool"]["setuptools"]["package-data"][package.name]
     relative = path.relative_to(package).as_posix()
     assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns), (relative, patterns)
+
+
+def test_a_prediction_takes_meta_tensors_as_cpu_tensors_and_runs_no_kernel() -> None:
+    """Within ``predicting()`` a meta tensor passes where its CPU twin would (and only
+    then), ``run_kernel`` reports the declared scratch and calls nothing; outside
+    it the call runs and reports the same scratch."""
+    import torch
+
+    meta, half = torch.empty(8, device="meta"), torch.empty(8, device="meta", dtype=torch.float16)
+    assert "meta" in kernels.pointer_problem(meta, torch.float32)
+    counted: list[int] = []
+    calls: list[int] = []
+    with kernels.counting_scratch(counted.append):
+        with kernels.predicting():
+            assert kernels.is_predicting()
+            assert kernels.pointer_problem(meta, torch.float32) is None
+            assert "float16" in kernels.pointer_problem(half, torch.float32)
+            assert "contiguous" in kernels.pointer_problem(torch.empty(4, 4, device="meta").t(), torch.float32)
+            assert kernels.run_kernel(lambda: calls.append(1), scratch=64) is None
+        assert not kernels.is_predicting()
+        kernels.run_kernel(lambda: calls.append(2), scratch=32)
+    kernels.run_kernel(lambda: calls.append(3), scratch=16)  # nobody counting
+    assert calls == [2, 3] and counted == [64, 32]
+    with pytest.raises(ValueError, match="0 or more"):
+        kernels.run_kernel(lambda: None, scratch=-1)

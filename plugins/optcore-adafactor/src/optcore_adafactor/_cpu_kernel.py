@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from optcore.kernels import build_c_library, disjoint, overlap_problem, pointer_problem
+from optcore.kernels import build_c_library, disjoint, overlap_problem, pointer_problem, run_kernel
 
 #: The loops' C source, shipped in the package (package data).
 SOURCE = Path(__file__).parent / "csrc" / "adafactor_fp32.c"
@@ -88,6 +88,8 @@ def load() -> ctypes.CDLL | None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.adafactor_step_batch.argtypes = [i64, ptr, ptr, ptr, ptr, i64, ctypes.c_int]
         lib.adafactor_step_batch.restype = ctypes.c_int
+        lib.adafactor_scratch_bytes.argtypes = [i64, ptr, ctypes.c_int]
+        lib.adafactor_scratch_bytes.restype = i64
     return lib
 
 
@@ -136,6 +138,8 @@ def _pointer(name: str, t: Tensor | None, shape: Sequence[int]) -> int | None:
             f"{_problem(name, t, shape)[:-1]} (freed, e.g. by FSDP's resize_(0)): nothing was stepped. "
             "Step the optimizer while its tensors hold their memory."
         )
+    if type(t) in _PLAIN and t.is_meta and t.numel() and t.shape == shape and pointer_problem(t, _F32) is None:
+        return 0  # within optcore.kernels.predicting(): the loops would take it on the CPU, and will not run
     return None
 
 
@@ -252,9 +256,13 @@ class Batch:
         dims, ptrs, scalars = array("q", self.dims), array("Q", self.ptrs), array("d", self.scalars)
         if out is not None and len(out) < 4 * count:
             raise ValueError(f"Adafactor C kernel: out holds {len(out)} doubles, {4 * count} needed.")
-        status = self._lib.adafactor_step_batch(
-            count, dims.buffer_info()[0], ptrs.buffer_info()[0], scalars.buffer_info()[0], out, SHARED_MIN,
-            torch.get_num_threads(),
+        threads = torch.get_num_threads()
+        status = run_kernel(
+            lambda: self._lib.adafactor_step_batch(
+                count, dims.buffer_info()[0], ptrs.buffer_info()[0], scalars.buffer_info()[0], out, SHARED_MIN,
+                threads,
+            ),
+            scratch=self._lib.adafactor_scratch_bytes(count, dims.buffer_info()[0], threads),
         )
-        if status != 0:
+        if status not in (0, None):  # None: a prediction (optcore.kernels.predicting), which calls nothing
             raise MemoryError("Adafactor C kernel: could not allocate its scratch memory; nothing was stepped.")

@@ -20,7 +20,7 @@ import functools
 from pathlib import Path
 
 import torch
-from optcore.kernels import build_c_library, disjoint, overlap_problem, pointer_problem
+from optcore.kernels import build_c_library, disjoint, overlap_problem, pointer_problem, run_kernel
 from torch import Tensor
 
 #: The kernel's C source, shipped in the package (package data).
@@ -156,9 +156,13 @@ class Batch:
         pointers = [(ctypes.c_void_p * n)(*[t.data_ptr() for t in ts]) for ts in (self.params, self.grads, self.exp_avgs)]
         sizes = [p.numel() for p in self.params]
         threads = torch.get_num_threads() if sum(sizes) >= _PARALLEL_MIN else 1  # waking threads costs more
-        lib.lion_fp32(
-            n, *pointers, (ctypes.c_int64 * n)(*sizes), float(lr), 1.0 - float(lr) * weight_decay,
-            beta1, (1.0 - beta1) * gscale, beta2, (1.0 - beta2) * gscale, threads,
+        counts = (ctypes.c_int64 * n)(*sizes)
+        run_kernel(  # one pass, in place: the loop allocates nothing
+            lambda: lib.lion_fp32(
+                n, *pointers, counts, float(lr), 1.0 - float(lr) * weight_decay,
+                beta1, (1.0 - beta1) * gscale, beta2, (1.0 - beta2) * gscale, threads,
+            ),
+            scratch=0,
         )
 
 

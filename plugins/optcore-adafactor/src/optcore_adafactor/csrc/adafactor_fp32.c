@@ -356,6 +356,38 @@ static int64_t round16(int64_t k) { return (k + 15) & ~(int64_t)15; }
 
 typedef struct { int64_t size, k; } order_t;
 
+/* Each thread's floats of working memory: 3 m + n (a whole job, or 2 m of partial sums). */
+static int64_t per_thread_floats(int64_t max_n, int64_t max_m) { return round16(3 * max_m + max_n); }
+
+/* The floats of adafactor_step_batch's working memory, for the largest matrix
+   dimensions among its jobs: each thread's; shared m + n, and 3 doubles per
+   thread; 16 for alignment. */
+static int64_t work_floats(int64_t max_n, int64_t max_m, int threads) {
+  return threads * per_thread_floats(max_n, max_m) + round16(max_m) + round16(max_n) + 6 * threads + 16;
+}
+
+/* The largest row and column counts of the matrices among the jobs (1 where none). */
+static void largest(int64_t count, const int64_t *dims, int64_t *max_n, int64_t *max_m) {
+  *max_n = 1;
+  *max_m = 1;
+  for (int64_t k = 0; k < count; ++k) {
+    if (dims[2 * k + 1] == 0) continue;
+    if (dims[2 * k] > *max_n) *max_n = dims[2 * k];
+    if (dims[2 * k + 1] > *max_m) *max_m = dims[2 * k + 1];
+  }
+}
+
+/* The bytes adafactor_step_batch allocates for these jobs and threads, held
+   while it runs and freed before it returns: the kernel's scratch, which
+   optcore.kernels.run_kernel counts (and optcore memory predicts). */
+int64_t adafactor_scratch_bytes(int64_t count, const int64_t *dims, int threads) {
+  int64_t max_n, max_m;
+  if (threads < 1) threads = 1;
+  largest(count, dims, &max_n, &max_m);
+  const int64_t order_bytes = (count > 0 ? count : 1) * (int64_t)sizeof(order_t);
+  return order_bytes + work_floats(max_n, max_m, threads) * (int64_t)sizeof(float);
+}
+
 static int larger_first(const void *a, const void *b) {
   const order_t *x = (const order_t *)a, *y = (const order_t *)b;
   return x->size != y->size ? (x->size < y->size ? 1 : -1) : (x->k > y->k) - (x->k < y->k);
@@ -371,25 +403,21 @@ static int larger_first(const void *a, const void *b) {
    allocated (then nothing was changed). */
 int adafactor_step_batch(int64_t count, const int64_t *dims, void *const *ptrs, const double *f, double *out,
                          int64_t shared_min, int threads) {
-  int64_t max_n = 1, max_m = 1, whole = 0, shared = 0;
+  int64_t max_n, max_m, whole = 0, shared = 0;
   if (threads < 1) threads = 1;
   order_t *order = (order_t *)malloc((size_t)(count > 0 ? count : 1) * sizeof(order_t));
   if (!order) return -1;
+  largest(count, dims, &max_n, &max_m);
   for (int64_t k = 0; k < count; ++k) {
     const int64_t n = dims[2 * k], m = dims[2 * k + 1];
     if (m == 0 || n * m < shared_min || threads == 1) order[whole++] = (order_t){m ? n * m : n, k};
-    if (m == 0) continue;
-    if (n > max_n) max_n = n;
-    if (m > max_m) max_m = m;
   }
   qsort(order, (size_t)whole, sizeof(order_t), larger_first);
   for (int64_t k = 0; k < count; ++k) /* the rest, in their order */
     if (!(dims[2 * k + 1] == 0 || dims[2 * k] * dims[2 * k + 1] < shared_min || threads == 1))
       order[whole + shared++] = (order_t){dims[2 * k] * dims[2 * k + 1], k};
-  /* per thread: 3 m + n floats (a whole job, or 2 m of partial sums); shared: m + n, and 3 doubles per thread */
-  const int64_t per_thread = round16(3 * max_m + max_n);
-  float *mem = (float *)malloc((size_t)(threads * per_thread + round16(max_m) + round16(max_n) + 6 * threads + 16) *
-                               sizeof(float));
+  const int64_t per_thread = per_thread_floats(max_n, max_m);
+  float *mem = (float *)malloc((size_t)work_floats(max_n, max_m, threads) * sizeof(float));
   if (!mem) {
     free(order);
     return -1;
