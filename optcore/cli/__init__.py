@@ -107,13 +107,34 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: object, *
     print(f"optcore: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
+#: What other libraries log while they are imported or set up, none of it about the command run:
+#: torchao's and bitsandbytes' kernels that this machine cannot load (optcore uses neither's),
+#: torch's notes on how torchao registers its enums.
+_IMPORT_LOGGERS = ("torchao", "bitsandbytes", "torch.utils._pytree")
+
+#: Warnings the same way, by their text: torch without NumPy (no optcore command needs it), Optuna
+#: marking the samplers compare uses as experimental, pydantic leaving a non-JSON default out of a schema.
+_IMPORT_WARNINGS = ("Failed to initialize NumPy", r".* is experimental \(supported from v", "Default value .* is not JSON serializable")
+
+
+def _quiet_imports() -> None:
+    """A documented command prints only what optcore means to say: the
+    libraries it imports keep their import-time chatter (see the two lists
+    above) to themselves. Their errors still show."""
+    import logging
+
+    for name in _IMPORT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for text in _IMPORT_WARNINGS:
+        warnings.filterwarnings("ignore", message=text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     with warnings.catch_warnings():  # the filters stay; only how a shown warning reads changes
         warnings.showwarning = _show_warning
-        # torch without NumPy says so at import; no command of optcore's needs NumPy
-        warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+        _quiet_imports()
         try:
             if args.command in ("check", "show", "schema") and not getattr(args, "import_modules", False):
                 from ..guards import without_imports  # a judging command runs no config's module

@@ -98,8 +98,9 @@ def entries_from_names(names: str) -> list[dict[str, Any]]:
     """``"Lion,AdamW,torch:SGD"`` -> one entry per name, each building exactly
     what ``build_optimizer({"type": name})`` builds. The line-up's
     hyper-parameters are added when the resolved class is in the line-up and its
-    schema takes them; library defaults otherwise. A name that does not resolve
-    is kept: its build fails and is reported in the table."""
+    schema takes them; library defaults otherwise. A line-up composite's label
+    (``Muon+AdamW``) is that entry. A name that does not resolve is kept: its
+    build fails and is reported in the table."""
     entries = []
     for name in (n.strip() for n in names.split(",")):
         if not name:
@@ -109,6 +110,10 @@ def entries_from_names(names: str) -> list[dict[str, Any]]:
             spec = _quiet_resolve(name)
         except OptcoreError:
             spec = None
+            composite = next((e for e in default_entries() if e["name"] == name and "fallback" in e["optimizer"]), None)
+            if composite is not None:  # a line-up composite by its label ("Muon+AdamW"): no class has that name
+                entries.append(copy.deepcopy(composite))
+                continue
         if spec is not None:
             for label, _, line_up, _ in DEFAULTS:
                 if _key(label) == _key(spec.name):

@@ -284,6 +284,14 @@ def _per_route(row: dict[str, Any], optimizer: Any, params: list[Tensor]) -> Non
         row["note"] = f"{row['note']}; {note}" if row.get("note") else note
 
 
+#: Why ``--params N`` cannot predict a composite: its routing is by shape.
+COMPOSITE_NEEDS_SHAPES = (
+    "a composite routes each parameter by its shape (matrices to Muon, the rest to its fallback), and --params N is "
+    "one flat 1-D tensor with no matrix in it; give --model (your model's factory) or --hf-config (a transformers "
+    "config.json, built on meta, no download) for the real shapes"
+)
+
+
 def predict_all(entries: Sequence[Mapping[str, Any]], factory: Callable[[], nn.Module], precision: str = "fp32",
                 memory_efficient: bool = False, world_size: int = 1, sharding: str | None = None,
                 shape_check: Callable[[], nn.Module] | None = None) -> list[dict[str, Any]]:  # fmt: skip
@@ -298,7 +306,10 @@ def predict_all(entries: Sequence[Mapping[str, Any]], factory: Callable[[], nn.M
     for entry in entries:
         cfg = with_precision(entry["optimizer"], precision, memory_efficient)
         row = {"name": entry["name"], "config": cfg, **predict(cfg, models)}
-        if row["status"] == "ok" and twins is not None:
+        if twins is not None and "fallback" in typed_config(cfg):
+            row.update(status="not predicted", state_bytes=None, master_bytes=None, transient_bytes=None,
+                       note=COMPOSITE_NEEDS_SHAPES)
+        elif row["status"] == "ok" and twins is not None:
             other = predict(cfg, twins)
             if other["state_bytes"] != row["state_bytes"]:
                 row["note"] = ("its state depends on the parameter shapes: shown for one flat tensor (as a matrix: "
