@@ -101,7 +101,7 @@ class ContractMixin:
                     "pass one number, or one per group."
                 )
         for group, value in zip(self.param_groups, values):
-            if group["lr"] is None or value is None:
+            if group["lr"] is None:
                 continue
             if isinstance(group["lr"], Tensor):
                 group["lr"].fill_(value.detach() if isinstance(value, Tensor) else value)

@@ -53,17 +53,21 @@ def counting_scratch(count: Callable[[int], None]) -> Iterator[None]:
         _counters.reset(token)
 
 
-def run_kernel(call: Callable[[], T], *, scratch: int = 0) -> T | None:
+def run_kernel(call: Callable[[], T], *, scratch: int | Callable[[], int] = 0) -> T | None:
     """``call()`` (the C function with its arguments bound), which holds
     ``scratch`` bytes of memory of its own while it runs; ``None`` without
     calling it within :func:`predicting`. ``scratch`` is the kernel's own
     account of what it allocates, as its source computes it: a prediction
     and a measured step both count it, so the two agree only when both take
-    the kernel."""
-    if scratch < 0:
-        raise ValueError(f"run_kernel: scratch is {scratch} bytes; give the bytes the kernel allocates (0 or more)")
-    for count in _counters.get():
-        count(scratch)
+    the kernel. A callable is asked only while something counts, so that a
+    training step pays nothing for the account."""
+    counters = _counters.get()
+    if counters:
+        nbytes = scratch() if callable(scratch) else scratch
+        if nbytes < 0:
+            raise ValueError(f"run_kernel: scratch is {nbytes} bytes; give the bytes the kernel allocates (0 or more)")
+        for count in counters:
+            count(nbytes)
     if _predicting.get():
         return None
     return call()

@@ -395,5 +395,10 @@ def test_a_prediction_takes_meta_tensors_as_cpu_tensors_and_runs_no_kernel() -> 
         kernels.run_kernel(lambda: calls.append(2), scratch=32)
     kernels.run_kernel(lambda: calls.append(3), scratch=16)  # nobody counting
     assert calls == [2, 3] and counted == [64, 32]
-    with pytest.raises(ValueError, match="0 or more"):
-        kernels.run_kernel(lambda: None, scratch=-1)
+    asked: list[int] = []
+    kernels.run_kernel(lambda: None, scratch=lambda: asked.append(1) or 8)  # nobody counting: not asked
+    with kernels.counting_scratch(counted.append):
+        kernels.run_kernel(lambda: None, scratch=lambda: asked.append(2) or 8)
+        with pytest.raises(ValueError, match="0 or more"):
+            kernels.run_kernel(lambda: None, scratch=-1)
+    assert asked == [2] and counted[-1] == 8

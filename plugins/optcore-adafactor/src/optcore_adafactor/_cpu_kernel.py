@@ -262,7 +262,7 @@ class Batch:
                 count, dims.buffer_info()[0], ptrs.buffer_info()[0], scalars.buffer_info()[0], out, SHARED_MIN,
                 threads,
             ),
-            scratch=self._lib.adafactor_scratch_bytes(count, dims.buffer_info()[0], threads),
+            scratch=lambda: self._lib.adafactor_scratch_bytes(count, dims.buffer_info()[0], threads),
         )
         if status not in (0, None):  # None: a prediction (optcore.kernels.predicting), which calls nothing
             raise MemoryError("Adafactor C kernel: could not allocate its scratch memory; nothing was stepped.")
