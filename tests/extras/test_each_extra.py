@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +84,12 @@ def _venv(where: Path, extra: str) -> Path:
     links = [a for d in ("/opt/wheels", os.environ.get("OPTCORE_WHEELS", "")) if d and os.path.isdir(d)
              for a in ("--find-links", d)]  # fmt: skip
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *links]
-    target = f"{ROOT}[{extra}]" if extra else str(ROOT)
+    # a copy of the source of its own: setuptools builds in the source folder (build/), and the
+    # cases run at once on xdist's workers
+    source = where.parent / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "site", "__pycache__", "*.egg-info", ".hypothesis", ".pytest_cache"))
+    target = f"{source}[{extra}]" if extra else str(source)
     for packages in ([f"torch=={TORCH}"], [target, f"torch=={TORCH}"]):
         done = subprocess.run([*pip, *packages], capture_output=True, text=True, timeout=900, check=False)
         assert done.returncode == 0, f"pip install {packages} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
