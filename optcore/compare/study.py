@@ -798,7 +798,6 @@ class Sweep:
         optuna = _optuna()
         return any(self._trials(study, (optuna.trial.TrialState.RUNNING,)) for _, study in self.studies())
 
-
     def _trusted(self) -> Any:
         if self.trust is None:
             raise ConfigError(f"The comparison {self.name!r} was opened to report it; it runs no trial.")
@@ -817,8 +816,6 @@ class Sweep:
 
 
 # ------------------------------------------------------------------ results
-
-
 def collect(sweep: Sweep) -> dict[str, Any]:
     """The comparison as ``results.json`` holds it, from the storage alone: the
     runs at defaults in plan order and their rows, and with ``--trials`` the tuning

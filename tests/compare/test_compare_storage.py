@@ -95,7 +95,7 @@ def _cli(tmp_path: Path, *argv: str, env: dict | None = None) -> subprocess.Comp
     paths = [str(ROOT), *(str(p) for p in sorted((ROOT / "plugins").glob("*/src"))), str(tmp_path)]
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **(env or {})}
     return subprocess.run([sys.executable, "-m", "optcore.cli", *argv], capture_output=True, text=True, timeout=240,
-                          env=environ, cwd=tmp_path)  # fmt: skip
+                          check=False, env=environ, cwd=tmp_path)  # fmt: skip
 
 
 def test_a_stored_task_or_task_index_naming_os_abort_does_not_abort(tmp_path):

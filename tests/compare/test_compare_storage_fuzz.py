@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_compare_storage import ENTRY, _craft, _meta, _result  # the crafted storages of the unit tests
 
 import optcore
 from optcore.cli import main
 from optcore.compare import records
-
-from test_compare_storage import ENTRY, _craft, _meta, _result  # the crafted storages of the unit tests
 
 optuna = pytest.importorskip("optuna")
 
