@@ -8,7 +8,6 @@ modules it runs (torch, rich, matplotlib) when it runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -117,6 +116,21 @@ def _hide_password(url: str) -> str:
     return hide(url)
 
 
+def _join_command(url: str, study: str) -> str:
+    """The command that joins sweep ``study`` in the storage at ``url`` as it is."""
+    import shlex
+
+    from .._values import clean_text
+
+    return f"optcore compare --storage {shlex.quote(_hide_password(url))} --study {shlex.quote(clean_text(study, 200))}"
+
+
+def _print_skipped(sweep: Any, console: Any) -> None:
+    """One line per stored record the sweep skipped, as text (it came from the storage)."""
+    for message in sweep.bad.values():
+        console.print(f"Skipped: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     if getattr(args, "compare_command", None) == "report":
         return cmd_report(args)
@@ -134,9 +148,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.storage and not args.task and not getattr(args, "joining", False):
         from .study import task_index
+        from .trust import Trust
 
         stored_tasks = task_index(open_storage(args.storage, args.heartbeat), args.study, None)
         if stored_tasks:  # a worker that joins a stored sweep of several tasks, as it is
+            Trust.of(None, (), _join_command(args.storage, args.study)).check_tasks(args.study, stored_tasks)
             args = argparse.Namespace(**{**vars(args), "task": ",".join(stored_tasks), "joining": True})
     if "," in (args.task or ""):  # several tasks: this command once per task, then the scores over all
         return compare_tasks(args, cmd_compare, _out_dir(args))
@@ -169,10 +185,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
                "settings": {"device": settings.device, "threads": args.threads, "jobs": jobs, "isolation": isolation},
                "target": target},
     )  # fmt: skip
-    explicit = not args.storage or (not getattr(args, "joining", False)
-                                    and any(getattr(args, flag, None) not in (None, False) for flag in SWEEP_FLAGS))
-    sweep = Sweep.open(open_storage(url, args.heartbeat), args.study, meta, explicit=explicit)
+    from .trust import Trust
+
+    joining = getattr(args, "joining", False)  # its --task came from the storage's index, not from its user
+    # --task alone joins as it is: it names the code this worker trusts (the stored task must be the same)
+    explicit = not args.storage or (not joining and any(getattr(args, flag, None) not in (None, False)
+                                                        for flag in SWEEP_FLAGS if flag != "task"))  # fmt: skip
+    trust = Trust.of(None if joining else args.task, entries, _join_command(url, args.study))
+    sweep = Sweep.open(open_storage(url, args.heartbeat), args.study, meta, explicit=explicit, trust=trust)
     meta = sweep.meta  # a worker that joins runs the stored sweep
+    if args.task and not joining and meta["task"]["spec"] != args.task:
+        raise ConfigError(
+            f"The comparison {args.study!r} in this storage is a sweep of the task "
+            f"{_shown_text(meta['task']['spec'])!r}, not of {args.task!r}. Run the same --task as the other workers "
+            "(or give only --storage and --study), or start a new one with another --study.",
+            problems=[("task", "differs from the stored sweep")],
+        )
     if args.target is not None and not args.task:  # its --target is for the stored task, not the default one
         target = parse_target(args.target, meta["task"]["spec"])
     own_target = target if args.target is not None and target != meta.get("target") else None
@@ -186,7 +214,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if own_target is not None:
         stored = meta.get("target")
         started = ("without a --target (it sets one from the runs)" if not stored
-                   else "with --target " + ",".join(f"{task}={loss:g}" for task, loss in stored.items()))
+                   else "with --target " + ",".join(f"{_shown(task)}={loss:g}" for task, loss in stored.items()))
         console.print(f"[yellow]Note[/yellow]: this worker scores by its own --target {args.target}; the sweep "
                       f"{args.study!r} was started {started}, and `optcore compare report` scores by that.",
                       highlight=False)  # fmt: skip
@@ -221,7 +249,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     per_config = _planned_per_config(sweep)
     try:
         with Progress(*columns, console=console, disable=args.quiet) as progress:
-            bars = {name: progress.add_task(name[:22], total=n * settings.steps, loss="-", at="", start=False)
+            bars = {name: progress.add_task(_shown(name, 22), total=n * settings.steps, loss="-", at="", start=False)
                     for name, n in per_config.items()}  # fmt: skip
             done_steps: dict[str, int] = dict.fromkeys(per_config, 0)
 
@@ -262,7 +290,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 done_steps[claimed.config] += settings.steps
                 show(claimed, 0)
                 if result["status"] not in ("ok", "pruned"):
-                    progress.update(bars[claimed.config], description=f"{claimed.config[:15]} {result['status']}")
+                    progress.update(bars[claimed.config], description=f"{_shown(claimed.config, 15)} {result['status']}")
                 write_results(out / "results.json", document())  # an interrupted run keeps what finished
 
             sweep.run(execute, jobs=jobs, admit=admit, finished=finished)
@@ -271,8 +299,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     live.update(complete=not live["interrupted"], cut=budget.describe_cuts(), elapsed_s=time.perf_counter() - started)
     doc = document()
     show_comparison(doc, out, console, target)
+    _print_skipped(sweep, console)
     if doc["cut"]:
-        console.print(f"[yellow]Budget[/yellow]: {doc['cut']}", highlight=False)
+        console.print(f"[yellow]Budget[/yellow]: {_shown(doc['cut'], 2000)}", highlight=False)
     if doc["interrupted"]:
         console.print(f"[yellow]Interrupted[/yellow]: kept the {finished_trials(doc)} finished runs of "
                       f"{doc['sweep']['planned_trials']}; the same command resumes the sweep.")  # fmt: skip
@@ -284,6 +313,18 @@ def finished_trials(doc: Mapping[str, Any]) -> int:
     tuned = doc.get("tuned") or {}
     tuning = sum(len(s["trials"]) for record in tuned.get("optimizers", {}).values() for s in record["studies"])
     return len(doc["results"]) + tuning + len(tuned.get("results", []))
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    from .text import shown
+
+    return shown(value, limit)
+
+
+def _shown_text(value: Any, limit: int = 200) -> str:
+    from .._values import clean_text
+
+    return clean_text(value, limit)
 
 
 def _console() -> Any:
@@ -351,7 +392,7 @@ def show_comparison(doc: Mapping[str, Any], out: Path, console: Any, target: Any
         print_notes(rows, results, console)
         line = ranking_line(rows)
         if line and not tuned:
-            console.print(f"Ranking by held-out final loss: {line}", highlight=False)
+            console.print(f"Ranking by held-out final loss: {line}", highlight=False, markup=False)
     if tuned:
         from .tuning import render_protocol
 
@@ -369,11 +410,12 @@ def show_comparison(doc: Mapping[str, Any], out: Path, console: Any, target: Any
         render_protocol(doc, console)
         line = ranking_line(tuned["rows"])
         if line:
-            console.print(f"Ranking of the tuned optimizers by re-seeded held-out final loss: {line}", highlight=False)
+            console.print(f"Ranking of the tuned optimizers by re-seeded held-out final loss: {line}", highlight=False,
+                          markup=False)  # fmt: skip
     from .scoreboard import report_scores
 
     written += report_scores(doc, out, console, target, part=tuned if tuned and tuned["rows"] else None)[1:]
-    console.print(f"Wrote {', '.join(map(str, written))}")
+    console.print(f"Wrote {', '.join(map(str, written))}", markup=False, highlight=False)
 
 
 def _trial_rows(tuned: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -395,6 +437,8 @@ def _trial_rows(tuned: Mapping[str, Any]) -> list[dict[str, Any]]:
 def cmd_report(args: argparse.Namespace) -> int:
     """``optcore compare report``: the table and plots of a sweep, from its storage alone."""
     import optuna  # noqa: F401 - a missing extra is named before anything is written
+
+    from .records import read_results
     from .scoreboard import score_tasks, task_folder
     from .study import Sweep, open_storage, task_index, task_study
 
@@ -410,7 +454,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         for task in tasks:
             folder = task_folder(task)
             _report_one(Sweep.open(storage, task_study(args.study, folder), None), args, out / folder)
-            docs[task] = json.loads((out / folder / "results.json").read_text())
+            docs[task] = read_results(out / folder / "results.json")
         return score_tasks(docs, out, complete=all(d["complete"] for d in docs.values()), tasks=tasks)
     _report_one(Sweep.open(storage, args.study, None), args, out)
     return 0
@@ -424,7 +468,9 @@ def _report_one(sweep: Any, args: argparse.Namespace, out: Path) -> None:
     settings = {**sweep.meta.get("settings", {}), "isolation": doc.pop("isolation"),
                 "storage": _hide_password(args.storage), "study": sweep.name}  # fmt: skip
     doc.update(settings=settings, complete=not sweep.pending())
-    show_comparison(doc, out, _console(), sweep.meta.get("target"))  # the live run's --target, stored
+    console = _console()
+    show_comparison(doc, out, console, sweep.meta.get("target"))  # the live run's --target, stored
+    _print_skipped(sweep, console)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 from optcore import __version__
 
+from .text import label, shown
 from .tuning import unstable_region
 
 #: The lr-sweep plot's loss axis is logarithmic where the finished losses span more than this factor.
@@ -61,13 +62,13 @@ def render_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], con
 
     seeds = meta["seeds"]
     table = Table(
-        title=f"optcore compare: {meta['summary']}",
+        title=f"optcore compare: {shown(meta['summary'], 400)}",
         caption=(
             f"held-out final: held-out loss at the end{' (mean ± sd over seeds ' + ','.join(map(str, seeds)) + ')' if len(seeds) > 1 else ''}; "
             "rank: '=' marks a tie (mean ± noise overlap; noise: the sd over seeds, at least 1% of the loss); "
             "lr: the chosen lr (* = best of a sweep); best: lowest held-out loss at any evaluation; steps/s: training "
             "steps only; state: optimizer state (+ fp32 master "
-            f"copies for precision wrappers); peak RSS: {meta['memory_note']}"
+            f"copies for precision wrappers); peak RSS: {shown(meta['memory_note'], 600)}"
         ),
     )
     for col, justify in (
@@ -78,10 +79,11 @@ def render_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], con
         table.add_column(col, justify=justify, no_wrap=col != "config (built)", overflow="ellipsis")
     detail = console.width >= 130  # the hyper-parameters fit on a second line
     for r in rows:
-        status = "ok" if r["status"] == "ok" else f"[red]{r['status']}[/red]"
+        status = "ok" if r["status"] == "ok" else f"[red]{shown(r['status'])}[/red]"
         table.add_row(
             r["rank"],
-            f"[bold]{r['name']}[/bold]" + (f"\n[dim]{describe(r['config'], r['built'])}[/dim]" if detail else ""),
+            f"[bold]{shown(r['name'])}[/bold]" + (f"\n[dim]{shown(describe(r['config'], r['built']), 400)}[/dim]"
+                                                  if detail else ""),
             ("-" if r["lr"] is None else f"{r['lr']:g}") + ("*" if r["swept"] else ""),
             _final(r),
             f"{fmt(r['best'], '.3f')} ({r['best_step']})" if r["best"] is not None else "-",
@@ -98,15 +100,16 @@ def render_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], con
 
 def print_notes(rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]], console: Any) -> None:
     """Warnings once per config, and every error with its config's name."""
-    shown: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str]] = set()
     for r in results:
         for message in r.get("warnings") or ():
-            if (r["name"], message) not in shown:
-                shown.add((r["name"], message))
-                console.print(f"[yellow]{r['name']}[/yellow] {message}", highlight=False)
+            if (r["name"], message) not in seen:
+                seen.add((r["name"], message))
+                console.print(f"[yellow]{shown(r['name'])}[/yellow] {shown(message, 400)}", highlight=False)
     for row in rows:
         if row["error"]:
-            console.print(f"[red]{row['name']}[/red] {row['status']}: {row['error']}", highlight=False)
+            console.print(f"[red]{shown(row['name'])}[/red] {shown(row['status'])}: {shown(row['error'], 400)}",
+                          highlight=False)
 
 
 def write_results(path: Path, doc: Mapping[str, Any]) -> None:
@@ -198,10 +201,10 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str
     several = any(curves["seeds"] > 1 for _, curves in shown)
     for i, (row, curves) in enumerate(shown):
         color = colors[i % len(colors)]
-        label = f"{row['name']}  {_final(row)}" + ("" if row["status"] == "ok" else f" ({row['status']})")
+        text = f"{label(row['name'])}  {_final(row)}" + ("" if row["status"] == "ok" else f" ({row['status']})")
         panels = ((ax_train, curves["train"], {}), (ax_val, curves["val"], {"marker": "o", "ms": 3}))
         for ax, (xs, mean, sd), style in panels:
-            ax.plot(xs, mean, color=color, lw=1.4, label=label if ax is ax_val else None, **style)
+            ax.plot(xs, mean, color=color, lw=1.4, label=text if ax is ax_val else None, **style)
             if curves["seeds"] > 1:
                 ax.fill_between(xs, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)],
                                 color=color, alpha=0.18, lw=0)  # fmt: skip
@@ -217,11 +220,11 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str
         if late:
             low, high = min(late), max(late)
             ax.set_ylim(low - 0.05 * (high - low) - 0.01, high + 0.1 * (high - low) + 0.01)
-    ax_train.set_ylabel(loss_label)
+    ax_train.set_ylabel(label(loss_label))
     if shown:
         legend_title = "config, held-out final" + (" (mean ± sd)" if several else "")
         fig.legend(title=legend_title, loc="outside right upper", fontsize=9, title_fontsize=9)
-    fig.suptitle(f"optcore compare: {meta['summary']}", fontsize=11)
+    fig.suptitle(f"optcore compare: {label(meta['summary'], 200)}", fontsize=11)
     fig.savefig(path)
     plt.close(fig)
 
@@ -247,14 +250,14 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], path:
         failed = [s for s in row["sweep"] if s["lr"] is not None and s["mean"] is None]
         if points:
             ax.errorbar([s["lr"] for s in points], [s["mean"] for s in points], yerr=[s["sd"] or 0.0 for s in points],
-                        color=color, marker="o", ms=4, lw=1.4, capsize=3, label=row["name"])  # fmt: skip
+                        color=color, marker="o", ms=4, lw=1.4, capsize=3, label=label(row["name"]))  # fmt: skip
         if row["final"] is not None:
             ax.plot([row["lr"]], [row["final"]], "o", ms=11, mfc="none", mec=color, mew=1.6)
         if not failed:
             continue
         height = 0.97 - 0.035 * i
         ax.plot([s["lr"] for s in failed], [height] * len(failed), "x", ms=7, mew=1.8, color=color, transform=strip,
-                label=f"{row['name']}: {', '.join(sorted({s['status'] for s in failed}))}")  # fmt: skip
+                label=f"{label(row['name'])}: {', '.join(sorted({s['status'] for s in failed}))}")  # fmt: skip
         ax.update_datalim([(s["lr"], points[0]["mean"] if points else 0.0) for s in failed], updatey=False)
         region = unstable_region([{"lr": s["lr"], "status": "ok" if s["mean"] is not None else s["status"]}
                                   for s in row["sweep"] if s["lr"] is not None])  # fmt: skip
@@ -266,9 +269,9 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], path:
     if finals and min(finals) > 0 and max(finals) > LOG_Y_SPAN * min(finals):
         ax.set_yscale("log")  # one run that blew up without diverging would flatten every other point
     ax.set_xlabel("learning rate (x on the top strip: diverged; shaded: unstable region)")
-    ax.set_ylabel(f"final held-out {loss_label}")
+    ax.set_ylabel(f"final held-out {label(loss_label)}")
     ax.grid(alpha=0.3, which="both")
-    ax.set_title(f"lr sweep (ringed: chosen): {meta['summary']}", fontsize=10)
+    ax.set_title(f"lr sweep (ringed: chosen): {label(meta['summary'], 200)}", fontsize=10)
     ax.legend(fontsize=9, loc="best")
     fig.savefig(path)
     plt.close(fig)

@@ -15,7 +15,6 @@ the optimizers over all of them together.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 from optcore import ConfigError
 
 from . import scoring
+from .text import label, shown
 
 
 def runs_by_optimizer(
@@ -78,10 +78,11 @@ def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
             return "given"
         return f"set by {t['set_by']}'s best runs" if t["set_by"] else "no reference finished"
 
-    targets = "; ".join(f"{task} {fmt(t['loss'], '.4g')} ({origin(t)})" for task, t in summary["targets"].items())
+    targets = "; ".join(f"{shown(task)} {fmt(t['loss'], '.4g')} ({shown(origin(t))})"
+                        for task, t in summary["targets"].items())  # fmt: skip
     n = len(summary["problems"])
     table = Table(
-        title=f"time to target: {title}",
+        title=f"time to target: {shown(title, 600)}",
         caption=(
             f"targets (held-out loss): {targets}. reached: problems (task x seed) where the held-out loss got to the "
             f"target, at an evaluation; steps, seconds: median over those (training time, evaluations excluded); "
@@ -96,7 +97,7 @@ def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
     for name, entry in summary["optimizers"].items():
         steps = median_reached(entry, "steps")
         table.add_row(
-            name, f"{entry['reached']}/{n}", "miss" if steps is None else f"{steps:g}",
+            shown(name), f"{entry['reached']}/{n}", "miss" if steps is None else f"{steps:g}",
             fmt(median_reached(entry, "seconds"), ".2f"),
             fmt(entry["score_steps"], ".3f"), fmt(entry["score_seconds"], ".3f"),
         )  # fmt: skip
@@ -127,7 +128,7 @@ def plot_profile(summary: Mapping[str, Any], path: Path, title: str) -> None:
         for i, (name, rho) in enumerate(profile.items()):
             score = summary["optimizers"][name][f"score_{by}"]
             ax.step(taus, rho, where="post", color=colors[i % len(colors)], lw=1.6, ls=("-", "--", "-.", ":")[i % 4],
-                    label=f"{name}  {score:.3f}")  # fmt: skip  (dashes keep equal profiles visible)
+                    label=f"{label(name)}  {score:.3f}")  # fmt: skip  (dashes keep equal profiles visible)
         ax.set_xlim(1, max_tau)
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel(f"{by} to target / the fastest config's (tau)")
@@ -135,7 +136,7 @@ def plot_profile(summary: Mapping[str, Any], path: Path, title: str) -> None:
         ax.set_title(f"by {by}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(title="config, score", fontsize=9, title_fontsize=9, loc="lower right")
-    fig.suptitle(f"performance profiles over {len(summary['problems'])} problems: {title}", fontsize=11)
+    fig.suptitle(f"performance profiles over {len(summary['problems'])} problems: {label(title, 200)}", fontsize=11)
     fig.savefig(path)
     plt.close(fig)
 
@@ -183,6 +184,7 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
         raise ConfigError(f"--task {args.task!r}: name each task once, e.g. --task char-lm,vision.",
                           problems=[("task", args.task)])  # fmt: skip
     targets = _targets(args.target, tasks) or {}
+    from .records import read_results
     from .tasks import load_task
 
     for task in tasks:  # a bad spec fails before the first task runs
@@ -200,7 +202,7 @@ def compare_tasks(args: argparse.Namespace, compare_one: Callable[[argparse.Name
         one = argparse.Namespace(**{**vars(args), "task": task, "out": str(folder), "target": targets.get(task)})
         one.storage, one.study = storage, task_study(study, task_folder(task))
         rc = compare_one(one)
-        docs[task] = json.loads((folder / "results.json").read_text())
+        docs[task] = read_results(folder / "results.json")
         if rc:  # interrupted: score what finished, say so
             break
     return score_tasks(docs, out, complete=rc == 0 and len(docs) == len(tasks), targets=targets, tasks=tasks) or rc
@@ -252,7 +254,8 @@ def score_tasks(docs: Mapping[str, Mapping[str, Any]], out: Path, complete: bool
         plot_profile(summary, out / "profile.png", title)
         written.append(out / "profile.png")
     if partial:
-        console.print(f"[bold red]Partial scores[/] ({partial}): they cover only the runs that finished. Run the same "
+        console.print(f"[bold red]Partial scores[/] ({shown(partial, 600)}): they cover only the runs that finished. "
+                      "Run the same "
                       "command again to finish the sweep (finished runs are kept), then read the scores.")
-    console.print(f"Wrote {', '.join(map(str, written))}")
+    console.print(f"Wrote {', '.join(map(str, written))}", markup=False, highlight=False)
     return 0

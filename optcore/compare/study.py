@@ -46,6 +46,7 @@ from typing import Any
 
 from optcore import ConfigError
 
+from . import records
 from .lineup import apply_point, runnable
 from .sweep import plan, summarise
 from .tuning import draw_points, tuned_summary
@@ -234,11 +235,12 @@ def task_index(storage: Any, name: str, tasks: Sequence[str] | None) -> list[str
     if index is None:
         return None
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while TASKS_ATTR not in index.user_attrs and "optcore" not in index.user_attrs and time.monotonic() < deadline:
+    while TASKS_ATTR not in study_attrs(index) and "optcore" not in study_attrs(index) and time.monotonic() < deadline:
         time.sleep(0.5)  # its creator is writing it
-    stored = index.user_attrs.get(TASKS_ATTR)
+    raw = study_attrs(index).get(TASKS_ATTR)
+    stored = records.task_list(name, raw) if raw is not None else None
     if tasks is not None and stored != list(tasks):
-        what = f"the tasks {', '.join(stored)}" if stored else "one task"
+        what = f"the tasks {', '.join(map(records.clean_text, stored))}" if stored else "one task"
         raise ConfigError(
             f"The comparison {name!r} in this storage is a sweep of {what}, not of {', '.join(tasks)}. Run the same "
             "--task as the other workers (or give only --storage and --study to join it as it is), or start a new "
@@ -246,6 +248,15 @@ def task_index(storage: Any, name: str, tasks: Sequence[str] | None) -> list[str
             problems=[("task", "differs from the stored sweep")],
         )
     return list(stored) if stored else None
+
+
+def study_attrs(study: Any) -> dict[str, Any]:
+    """A study's user attributes; a ConfigError names the study when one of them is not JSON."""
+    try:
+        return dict(_retrying(lambda: study.user_attrs))
+    except ValueError as exc:  # json.JSONDecodeError: a value written around Optuna
+        raise ConfigError(f"Bad stored record ({records.where(study.study_name, 'user attributes')}): not JSON "
+                          f"({records.clean_text(exc)}).", problems=[(study.study_name, "not JSON")]) from None  # fmt: skip
 
 
 #: The user attribute of a several-task sweep's index study: its ``--task`` specs.
@@ -294,13 +305,27 @@ class Sweep:
         self.protocol = self.meta["protocol"]
         self._studies: dict[str, Any] = {}
         self._not_ready_since: dict[str, float] = {}
+        #: One line per stored record that was skipped (study, trial, key: why), in the order met.
+        self.bad: dict[str, str] = {}
+        self._checked: dict[tuple[int, str, bool], Any] = {}
+        #: What this worker names itself (:class:`~optcore.compare.trust.Trust`); ``None``: a report, it runs nothing.
+        self.trust: Any = None
 
     # ---------------------------------------------------------- opening
     @classmethod
-    def open(cls, storage: Any, name: str, meta: Mapping[str, Any] | None, *, explicit: bool = True) -> Sweep:
+    def open(cls, storage: Any, name: str, meta: Mapping[str, Any] | None, *, explicit: bool = True,
+             trust: Any = None) -> Sweep:  # fmt: skip
         """Create the sweep ``name`` with ``meta``, or join it when it exists (its
         stored settings win; ``explicit`` settings that differ are an error). With
-        ``meta=None`` only an existing sweep is opened (``compare report``)."""
+        ``meta=None`` only an existing sweep is opened (``compare report``), to be read.
+
+        A joined sweep runs only code that ``trust`` (:class:`~optcore.compare.trust.Trust`;
+        by default: the task and configs of ``meta``, what the caller names) names
+        or that imports nothing foreign (:meth:`check_code`)."""
+        if trust is None and meta is not None:
+            from .trust import Trust
+
+            trust = Trust.of(meta["task"]["spec"], meta["entries"], f"optcore compare --study {name}")
         optuna = _optuna()
         try:
             index = optuna.load_study(study_name=name, storage=storage, sampler=_sampler())
@@ -314,12 +339,13 @@ class Sweep:
             try:
                 index = optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=_sampler())
             except optuna.exceptions.DuplicatedStudyError:  # another worker created it just now
-                return cls.open(storage, name, meta, explicit=explicit)
+                return cls.open(storage, name, meta, explicit=explicit, trust=trust)
             sweep = cls(storage, name, meta)
+            sweep.trust = trust  # its own settings
             sweep._create(index)
             return sweep
-        if TASKS_ATTR in index.user_attrs:
-            tasks = index.user_attrs[TASKS_ATTR]
+        if TASKS_ATTR in study_attrs(index):
+            tasks = [records.clean_text(t) for t in records.task_list(name, study_attrs(index)[TASKS_ATTR])]
             raise ConfigError(
                 f"The comparison {name!r} in this storage is a sweep of several tasks ({', '.join(tasks)}): give "
                 f"--task {','.join(tasks)} (or only --storage and --study), or another --study.",
@@ -335,15 +361,21 @@ class Sweep:
                     "join it as it is), or start a new one with another --study (or --out).",
                     problems=[(key, "differs from the stored sweep") for key in differ],
                 )
-        return cls(storage, name, stored)
+        sweep = cls(storage, name, stored)
+        if trust is not None:
+            sweep.check_code(trust)
+        return sweep
 
     @staticmethod
     def _wait_ready(index: Any, name: str) -> dict[str, Any]:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
-            attrs = index.user_attrs
-            if attrs.get("ready") and "optcore" in attrs:
-                return dict(attrs["optcore"])
+            attrs = study_attrs(index)
+            if "ready" in attrs and not records.is_ready(attrs["ready"]):
+                raise ConfigError(f"Bad stored record ({records.where(name, 'ready')}): not true.",
+                                  problems=[("ready", "bad record")])  # fmt: skip
+            if "ready" in attrs and "optcore" in attrs:
+                return records.plain(records.sweep_record(name, attrs["optcore"]))
             if time.monotonic() > deadline:
                 raise ConfigError(
                     f"The comparison {name!r} is not ready after {READY_TIMEOUT_S:g} s: the worker that created it "
@@ -415,21 +447,93 @@ class Sweep:
         out += [("seeds", self._study(self._seeds_name(c))) for c in self.tunable()]
         return [(phase, study) for phase, study in out if study is not None]
 
+    def check_code(self, trust: Any) -> None:
+        """Refuse, before anything runs, a stored sweep that names code this worker does not name
+        (:mod:`.trust`): its task, its configs and its waiting trials' entries. A trial enqueued
+        later is judged when it is claimed."""
+        self.trust = trust
+        trust.check_tasks(self.name, [self.meta["task"]["spec"]])
+        for entry in self.meta["entries"]:
+            trust.check_entry(self.name, entry)
+        waiting = (_optuna().trial.TrialState.WAITING,)
+        for _, study in self.studies():
+            for t, attrs in self._valid(study, waiting):
+                if attrs.get("entry") is not None:
+                    trust.check_entry(study.study_name, attrs["entry"], t.number)
+
     # ------------------------------------------------------------ trials
     def _trials(self, study: Any, states: Any = None) -> list[Any]:
-        return list(_retrying(study.get_trials, deepcopy=False, states=states))
+        try:
+            return list(_retrying(study.get_trials, deepcopy=False, states=states))
+        except ValueError:  # json.JSONDecodeError: an attribute written around Optuna; read the others one by one
+            return self._readable_trials(study, states)
+
+    def _readable_trials(self, study: Any, states: Any) -> list[Any]:
+        out = []
+        for number in range(records.MAX_PLANNED):
+            try:
+                trial_id = _retrying(self.storage.get_trial_id_from_study_id_trial_number, study._study_id, number)
+            except KeyError:  # past the last trial
+                break
+            try:
+                trial = _retrying(self.storage.get_trial, trial_id)
+            except (KeyError, ValueError) as exc:
+                named = records.where(study.study_name, "attributes", number)
+                self.bad.setdefault(named, f"Bad stored record ({named}): not JSON ({records.clean_text(exc)}).")
+                continue
+            if states is None or trial.state in states:
+                out.append(trial)
+        return out
+
+    def _valid(self, study: Any, states: Any = None) -> list[tuple[Any, dict[str, Any]]]:
+        """``(trial, attrs)`` of the trials whose ``optcore`` record is good; the others are named in :attr:`bad`."""
+        out = []
+        for t in self._trials(study, states):
+            attrs = self._record(study.study_name, t, "optcore")
+            if attrs is not None:
+                out.append((t, attrs))
+        return out
+
+    def _record(self, study_name: str, t: Any, key: str) -> dict[str, Any] | None:
+        """Trial ``t``'s user attribute ``key`` (``optcore`` or ``result``) checked by its model, once per
+        trial; ``None`` for a bad one, which is named in :attr:`bad` (study, trial number, key: why)."""
+        cached = (t._trial_id, key, key in t.user_attrs)
+        if cached not in self._checked:
+            named = records.where(study_name, key, t.number)
+            try:
+                if key not in t.user_attrs:
+                    raise ConfigError(f"Bad stored record ({named}): missing.", problems=[(named, "missing")])
+                record = records.parse(records.TrialRecord if key == "optcore" else records.RunResult,
+                                       t.user_attrs[key], named)  # fmt: skip
+                if key == "optcore" and record.config not in self.entries:
+                    raise ConfigError(f"Bad stored record ({named}): config {records.clean_text(record.config)!r} is "
+                                      "not one of the sweep's.", problems=[(named, "unknown config")])  # fmt: skip
+                self._checked[cached] = records.plain(record)
+            except ConfigError as exc:
+                self.bad.setdefault(named, str(exc))
+                self._checked[cached] = None
+        return self._checked[cached]
+
+    def _retries(self, study_name: str, t: Any) -> int:
+        try:
+            return records.retries(study_name, t.number, t.system_attrs.get("retry_history"))
+        except ConfigError as exc:
+            self.bad.setdefault(records.where(study_name, "retry_history", t.number), str(exc))
+            return 0
 
     def claim(self, admit: Callable[[Claimed], bool], refused: set[tuple[str, int]]) -> Claimed | None:
         """Take the next waiting trial this worker's ``admit`` allows (plan order), or ``None``."""
         optuna = _optuna()
-        waiting = [(PHASES.index(phase), t.user_attrs["optcore"]["slot"], t.number, study, t)
+        waiting = [(PHASES.index(phase), attrs["slot"], t.number, study, t, attrs)
                    for phase, study in self.studies()
-                   for t in self._trials(study, (optuna.trial.TrialState.WAITING,))]  # fmt: skip
-        for _, slot, _, study, frozen in sorted(waiting, key=lambda w: w[:3]):
-            attrs = dict(frozen.user_attrs["optcore"])
+                   for t, attrs in self._valid(study, (optuna.trial.TrialState.WAITING,))]  # fmt: skip
+        for _, slot, _, study, frozen, stored in sorted(waiting, key=lambda w: w[:3]):
+            attrs = dict(stored)
             key = (study.study_name, slot)
             if key in refused:
                 continue
+            if attrs.get("entry") is not None:  # what it builds came from the storage: only code this worker names
+                self._trusted().check_entry(study.study_name, attrs["entry"], frozen.number)
             claimed = Claimed(study, frozen._trial_id, frozen.number, attrs, self._entry(attrs))
             if not admit(claimed):
                 refused.add(key)
@@ -506,8 +610,8 @@ class Sweep:
         :data:`MAX_RETRY` times)."""
         rank = {"lost": 0, "pending": 1, "done": 2}
         slots: dict[int, str] = {}
-        for t in self._trials(study):
-            slot = t.user_attrs["optcore"]["slot"]
+        for t, attrs in self._valid(study):
+            slot = attrs["slot"]
             if t.state.name in ("COMPLETE", "PRUNED") or "result" in t.user_attrs:
                 state = "done"
             elif t.state.name in ("WAITING", "RUNNING"):
@@ -558,7 +662,7 @@ class Sweep:
 
     def _complete_if_stuck(self, config: str) -> None:
         study = self._study(self._seeds_name(config))
-        if study.user_attrs.get("ready"):
+        if records.is_ready(study_attrs(study).get("ready")):
             return
         first = self._not_ready_since.setdefault(config, time.monotonic())
         if time.monotonic() - first > READY_TIMEOUT_S:
@@ -575,14 +679,14 @@ class Sweep:
         for s in range(self.protocol["studies"]) if self.protocol["trials"] else ():
             for c in [config] if config else self.tunable():
                 study = self._study(self._tune_name(c, s))
-                for t in self._trials(study) if study is not None else ():
-                    if "result" not in t.user_attrs:
+                for t, attrs in self._valid(study) if study is not None else ():
+                    result = self._record(study.study_name, t, "result") if "result" in t.user_attrs else None
+                    if result is None or attrs["phase"] != "tune":
                         continue
-                    attrs, result = t.user_attrs["optcore"], t.user_attrs["result"]
                     out.append({"config": c, "study": s, "slot": attrs["slot"], "number": t.number,
                                 "point": attrs["point"], "lr": attrs.get("lr"), "final": result["final"],
                                 "status": result["status"], "best": result.get("best"),
-                                "retried": len(t.system_attrs.get("retry_history", []))})  # fmt: skip
+                                "retried": self._retries(study.study_name, t)})  # fmt: skip
         return out
 
     def pending(self) -> bool:
@@ -595,7 +699,7 @@ class Sweep:
             if study is None:
                 if not self._tuning_done(config) or self._chosen(config) is not None:
                     return True
-            elif not study.user_attrs.get("ready"):
+            elif not records.is_ready(study_attrs(study).get("ready")):
                 return True
         return False
 
@@ -686,27 +790,32 @@ class Sweep:
     def claim_possible(self, refused: set[tuple[str, int]]) -> bool:
         """Whether a waiting trial that the budget did not refuse exists."""
         optuna = _optuna()
-        return any((study.study_name, t.user_attrs["optcore"]["slot"]) not in refused
+        return any((study.study_name, attrs["slot"]) not in refused
                    for _, study in self.studies()
-                   for t in self._trials(study, (optuna.trial.TrialState.WAITING,)))  # fmt: skip
+                   for _, attrs in self._valid(study, (optuna.trial.TrialState.WAITING,)))  # fmt: skip
 
     def _others_running(self) -> bool:
         optuna = _optuna()
         return any(self._trials(study, (optuna.trial.TrialState.RUNNING,)) for _, study in self.studies())
 
+    def _trusted(self) -> Any:
+        if self.trust is None:
+            raise ConfigError(f"The comparison {self.name!r} was opened to report it; it runs no trial.")
+        return self.trust
+
+    def latest_results(self, study: Any) -> list[tuple[int, dict[str, Any], Any]]:
+        """``(slot, result, trial)`` of each slot's last finished run (a retried slot keeps its last);
+        a trial with a bad record is left out and named in :attr:`bad`."""
+        by_slot: dict[int, tuple[int, dict[str, Any], Any]] = {}
+        for t, attrs in self._valid(study):
+            result = self._record(study.study_name, t, "result") if "result" in t.user_attrs else None
+            slot = attrs["slot"]
+            if result is not None and (slot not in by_slot or t.number > by_slot[slot][2].number):
+                by_slot[slot] = (slot, result, t)
+        return [by_slot[s] for s in sorted(by_slot)]
+
 
 # ------------------------------------------------------------------ results
-def _latest_results(study: Any) -> list[tuple[int, dict[str, Any], Any]]:
-    """``(slot, result, trial)`` of each slot's last finished run (a retried slot keeps its last)."""
-    by_slot: dict[int, tuple[int, dict[str, Any], Any]] = {}
-    for t in study.get_trials(deepcopy=False):
-        if "result" in t.user_attrs:
-            slot = t.user_attrs["optcore"]["slot"]
-            if slot not in by_slot or t.number > by_slot[slot][2].number:
-                by_slot[slot] = (slot, t.user_attrs["result"], t)
-    return [by_slot[s] for s in sorted(by_slot)]
-
-
 def collect(sweep: Sweep) -> dict[str, Any]:
     """The comparison as ``results.json`` holds it, from the storage alone: the
     runs at defaults in plan order and their rows, and with ``--trials`` the tuning
@@ -714,7 +823,7 @@ def collect(sweep: Sweep) -> dict[str, Any]:
     runs with their rows."""
     meta = sweep.meta
     entries = meta["entries"]
-    results = [result for _, result, _ in _latest_results(sweep._study(sweep.name))]
+    results = [result for _, result, _ in sweep.latest_results(sweep._study(sweep.name))]
     doc: dict[str, Any] = {
         "task": meta["task"], "summary": meta["summary"],
         "loss_label": meta.get("loss_label", "loss"),
@@ -726,7 +835,7 @@ def collect(sweep: Sweep) -> dict[str, Any]:
         reseeds = []
         for config in sweep.tunable():
             study = sweep._study(sweep._seeds_name(config))
-            reseeds += [result for _, result, _ in _latest_results(study)] if study is not None else []
+            reseeds += [result for _, result, _ in sweep.latest_results(study)] if study is not None else []
         names = [e["name"] for e in entries]
         optimizers = tuned_summary(names, sweep._tune_trials(), meta["spaces"])
         rows = summarise([e for e in entries if optimizers[e["name"]]["chosen"]], reseeds)

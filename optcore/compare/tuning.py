@@ -175,6 +175,8 @@ def render_protocol(doc: Mapping[str, Any], console: Any) -> None:
     re-seeded mean ± sd), then the learning rates that diverged."""
     from rich.table import Table
 
+    from .text import shown
+
     tuned = doc["tuned"]
     protocol = doc["protocol"]
     at_defaults = {r["name"]: r for r in doc["rows"]}
@@ -197,7 +199,7 @@ def render_protocol(doc: Mapping[str, Any], console: Any) -> None:
         again = reseeded.get(name)
         table.add_row(
             again["rank"] if again else "-",
-            name,
+            shown(name),
             _at_defaults(defaults),
             " ".join(_loss(s["best"]) for s in studies) or _why_untuned(record, defaults),
             _loss(record.get("score")),
@@ -210,4 +212,4 @@ def render_protocol(doc: Mapping[str, Any], console: Any) -> None:
     for name, record in tuned["optimizers"].items():
         line = describe_unstable(name, record["unstable"])
         if line:
-            console.print(f"[yellow]unstable[/yellow] {line}", highlight=False)
+            console.print(f"[yellow]unstable[/yellow] {shown(line, 600)}", highlight=False)

@@ -247,8 +247,9 @@ def _no_plots(monkeypatch) -> None:
 
 def test_several_tasks_share_one_storage_and_report_from_it(tmp_path, capsys, monkeypatch):
     """--task a,b: each task is a sweep of its own under the study's index in one
-    storage (here the default, optuna.db in --out), a worker with only --storage and
-    --study joins all of them, and `compare report` rebuilds every task and the
+    storage (here the default, optuna.db in --out), a worker with only --storage,
+    --study and --task (the tasks are user code, which a worker runs only when it names
+    them itself) joins all of them, and `compare report` rebuilds every task and the
     scores over both, equal to the live run."""
     _no_plots(monkeypatch)
     tasks = ["examples/my_task.py:task", "examples/my_task.py:RegressionTask"]  # two specs: two tasks
@@ -259,7 +260,8 @@ def test_several_tasks_share_one_storage_and_report_from_it(tmp_path, capsys, mo
     url = f"sqlite:///{live / 'optuna.db'}"
     assert set(optuna.get_all_study_names(_storage(url))) >= {"compare", *(f"compare/{f}" for f in folders)}
     joined, report = tmp_path / "joined", tmp_path / "report"
-    assert main(["compare", "--storage", url, "--in-process", "--quiet", "--out", str(joined)]) == 0
+    assert main(["compare", "--storage", url, "--task", ",".join(tasks), "--in-process", "--quiet",
+                 "--out", str(joined)]) == 0  # fmt: skip
     assert main(["compare", "report", "--storage", url, "--out", str(report)]) == 0
     first = json.loads((live / "results.json").read_text())
     assert first["complete"] and len(first["scores"]["problems"]) == 4  # 2 tasks x 2 re-seeds

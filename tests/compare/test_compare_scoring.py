@@ -303,7 +303,10 @@ def test_scores_read_another_section_of_a_document_and_the_default_task():
 def test_several_tuned_tasks_are_scored_by_their_re_seeded_runs(tmp_path):
     """With --trials, each task's table scores the chosen points' re-seeded runs; the
     scores over all tasks must read the same runs, not the runs at defaults."""
-    run = {"status": "ok", "val_losses": [[0, 3.0], [10, 1.0]], "eval_seconds": [0.0, 1.0]}
+    from optcore.compare.train import empty_result
+
+    run = {**empty_result({"name": "A", "optimizer": {"type": "AdamW"}}),
+           "val_losses": [[0, 3.0], [10, 1.0]], "eval_seconds": [0.0, 1.0]}  # fmt: skip
 
     def compare_one(args):
         folder = Path(args.out)

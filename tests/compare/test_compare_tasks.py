@@ -54,15 +54,16 @@ def test_user_task_file_runs_through_the_cli(tmp_path):
     assert all(len(r["losses"]) == 5 for r in doc["results"])
 
 
-def test_a_worker_that_joins_without_task_scores_the_stored_task_by_its_target(tmp_path, capsys):
-    """--target without --task, joining a sweep of a user's task: the target is for
-    that task (not the default one), and the scores use it."""
+def test_a_worker_that_joins_with_only_its_task_scores_the_stored_task_by_its_target(tmp_path, capsys):
+    """--target and --task alone, joining a sweep of a user's task: --task names the
+    code this worker runs (without it the join is refused, tests/compare/test_compare_storage.py),
+    and joins the sweep as it is; the target is for that task, and the scores use it."""
     url, spec = f"sqlite:///{tmp_path / 's.db'}", f"{EXAMPLES / 'my_task.py'}:task"
     common = ["--storage", url, "--study", "s", "--in-process", "--quiet"]
     assert main(["compare", "--task", spec, "--optimizers", "AdamW", "--steps", "3", *common,
                  "--out", str(tmp_path / "first")]) == 0  # fmt: skip
     capsys.readouterr()
-    assert main(["compare", *common, "--target", "0.5", "--out", str(tmp_path / "join")]) == 0
+    assert main(["compare", *common, "--task", spec, "--target", "0.5", "--out", str(tmp_path / "join")]) == 0
     assert "scores by its own --target 0.5" in " ".join(capsys.readouterr().out.split())
     doc = json.loads((tmp_path / "join" / "results.json").read_text())
     assert doc["scores"]["targets"] == {spec: {"loss": 0.5, "source": "given", "set_by": None}}

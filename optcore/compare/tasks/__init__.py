@@ -31,6 +31,9 @@ from typing import Any
 
 from optcore import ConfigError
 
+from ..._import_paths import import_paths_allowed
+from ..._values import short_repr
+
 #: Built-in tasks: none needs a download.
 BUILTIN = {
     "char-lm": "optcore.compare.tasks.char_lm:CharLMTask",
@@ -51,6 +54,14 @@ def load_task(spec: str | None = None) -> Any:
             f"--task {spec!r} is neither a built-in task ({', '.join(BUILTIN)}) nor 'package.module:name' "
             "or 'path/to/file.py:name'.",
             problems=[("task", "bad spec")],
+            accepted=list(BUILTIN),
+        )
+    if spec not in BUILTIN and not import_paths_allowed():
+        raise ConfigError(
+            f"--task {short_repr(spec, 200)} names user code (a module path or a file), and import paths are turned "
+            "off (OPTCORE_ALLOW_IMPORT_PATHS=0), so no module is imported for a task either. Use a built-in task "
+            f"({', '.join(BUILTIN)}), or unset OPTCORE_ALLOW_IMPORT_PATHS where you trust that code.",
+            problems=[("task", "import paths are turned off")],
             accepted=list(BUILTIN),
         )
     obj = getattr(_import(module_name, spec), attr, None)
