@@ -17,14 +17,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import ConfigError
+from .._errors import StepError
+from ..kernels import is_predicting
 
 _PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping[Any, Any]) -> None:
-    """A :class:`ConfigError` naming the first tensor of a ``fused`` group that
-    the kernel would read or write out of bounds, before anything is written.
+    """A :class:`~optcore.StepError` naming the first tensor of a ``fused`` group
+    that the kernel would read or write out of bounds, or that holds no data
+    (``meta``), before anything is written.
     A few attribute reads per tensor (its size in bytes, dtype, device and
     storage; the kernel walks the parameter's element count through each, so
     these decide whether it stays inside them): this runs before every fused
@@ -38,6 +40,8 @@ def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping
                 continue
             size, dtype, device = p.nbytes, p.dtype, p.get_device()
             problem = None if _fits(p) else _storage_problem(p, "the parameter")
+            if problem is None and p.is_meta and not is_predicting():  # a prediction steps meta tensors
+                problem = "the parameter is a meta tensor, which holds no values"
             if problem is None and (grad.nbytes != size or grad.dtype is not dtype or grad.get_device() != device or not _fits(grad)):
                 problem = _problem(grad, p, "its gradient")
             entry = state.get(p) if problem is None else None
@@ -49,15 +53,17 @@ def check_fused_inputs(param_groups: Iterable[Mapping[str, Any]], state: Mapping
                         problem = f"its step count is a tensor of shape {tuple(value.shape)}, not one number"
                 elif value.nbytes != size or value.dtype is not dtype or value.get_device() != device or not _fits(value):
                     problem = _problem(value, p, f"its state {key!r}")
+                elif value.is_meta and not p.is_meta:
+                    problem = f"its state {key!r} is a meta tensor, which holds no values"
                 if problem:
                     break
             if problem:
-                raise ConfigError(
+                raise StepError(
                     f"Cannot step param group {g}, parameter {i} (shape {tuple(p.shape)}): {problem}. torch's fused "
                     "kernel would read and write past it. Change a parameter through its values (p.data.copy_(...)) "
                     "rather than replacing p.data, and build a new optimizer after resizing a model or editing "
                     "optimizer.state.",
-                    problems=[(f"param_groups[{g}].params[{i}]", problem)],
+                    param=f"param_groups[{g}].params[{i}]",
                 )
 
 

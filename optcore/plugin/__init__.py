@@ -27,7 +27,7 @@ _LAZY = {
         "optcore._schema": "validate_hparams schema_from_signature",
         "optcore._literals": "parse_optim_args parse_literal",
         "optcore._hooks": "hookimpl",
-        "optcore.plugin._step": "prepare_step PreparedStep",
+        "optcore.plugin._step": "prepare_step PreparedStep check_step_state",
         "optcore.placement": "in_dcp_get",
         "optcore.testing": "conformance_cases run_check run_conformance ConformanceInputs ConformanceSkip",
     }.items()
@@ -58,6 +58,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from optcore._hooks import hookimpl
     from optcore._literals import parse_literal, parse_optim_args
     from optcore._schema import schema_from_signature, validate_hparams
-    from optcore.plugin._step import PreparedStep, prepare_step
+    from optcore.plugin._step import PreparedStep, check_step_state, prepare_step
     from optcore.placement import in_dcp_get
     from optcore.testing import ConformanceInputs, ConformanceSkip, conformance_cases, run_check, run_conformance

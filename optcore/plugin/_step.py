@@ -19,8 +19,9 @@ import torch
 from torch import Tensor
 
 from .._contract import GroupSelector
-from .._errors import StepError
+from .._errors import ConfigError, StepError
 from ..guards._state import state_rule
+from ..guards._step_inputs import STATE_KINDS, grad_problem, state_problem, step_problem
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ def prepare_step(
     groups: GroupSelector = None,
     *,
     check_grads: bool = True,
+    state_kind: str = "any",
 ) -> PreparedStep:
     """The start of ``optimizer.step(closure, scale, groups)``, in torch's order:
 
@@ -70,8 +72,13 @@ def prepare_step(
     3. ``groups`` selects param groups (by index or ``name``), all of them where
        ``supports_groups`` is false;
     4. with GradScaler's ``found_inf`` set, the step is skipped (``skip``);
-    5. every gradient must be dense, and every state tensor of a parameter must
-       have the shape the class's ``state_shapes`` rule gives.
+    5. every gradient must be dense, of its parameter's shape and a real
+       floating-point tensor (:func:`optcore.guards.grad_problem`), and every
+       state tensor of a parameter must have the shape the class's
+       ``state_shapes`` rule gives, hold data, and have no two elements in one
+       place of memory; with ``state_kind`` ``"floating"`` it must also be a
+       floating-point tensor on the parameter's device, with ``"param"`` have
+       the parameter's dtype and device (:func:`optcore.guards.state_problem`).
 
     A wrapper whose step hands the gradients to an inner optimizer (the
     precision wrappers), which checks its own, passes ``check_grads=False``:
@@ -106,38 +113,102 @@ def prepare_step(
     prepared = PreparedStep(loss, scale, chosen, indices=None if selected is None else [i for i, _ in chosen])
     if not check_grads:
         return prepared
+    if state_kind not in STATE_KINDS:
+        raise ConfigError(f"prepare_step: state_kind must be one of {STATE_KINDS}, got {state_kind!r}.")
     rule = state_rule(optimizer)
-    for index, group, i, p in prepared.params():
-        if p.grad.is_sparse:
-            raise StepError(
-                f"{name} cannot step: the gradient of {where(index, group, i, p)} is sparse; use "
-                "nn.Embedding(sparse=False), or torch.optim.SparseAdam for those parameters.",
-                param=where(index, group, i, p),
-            )
-        state = optimizer.state.get(p) if rule is not None else None
-        if state:
-            _check_state(name, rule, state, index, group, i, p)
+    state_of = optimizer.state
+    # the usual tensors pass on a few attribute reads each; only one that fails them gets the
+    # full test (grad_problem, state_problem) and a message
+    floating, same = state_kind != "any", state_kind == "param"
+    for index, group in chosen:
+        for i, p in enumerate(group["params"]):
+            grad = p.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                raise StepError(
+                    f"{name} cannot step: the gradient of {where(index, group, i, p)} is sparse; use "
+                    "nn.Embedding(sparse=False), or torch.optim.SparseAdam for those parameters.",
+                    param=where(index, group, i, p),
+                )
+            shape = p.shape
+            if grad.dtype is not p.dtype or grad.shape != shape:
+                problem = grad_problem(p, grad)
+                if problem is not None:
+                    raise StepError(f"{name} cannot step: the gradient of {where(index, group, i, p)} {problem}.",
+                                    param=where(index, group, i, p))
+            state = state_of.get(p) if rule is not None else None
+            if not state:
+                continue
+            if callable(rule):
+                _check_state(name, rule, state, index, group, i, p, state_kind)
+                continue
+            cpu = p.is_cpu
+            for key, value in state.items():
+                if not isinstance(value, Tensor):
+                    continue
+                if value.shape != shape:
+                    if value.dim():
+                        raise _shape_error(name, key, value, shape, index, group, i, p)
+                elif not value.is_contiguous() or value.is_meta or floating and not (
+                        (value.is_cpu if cpu else value.device == p.device)
+                        and (value.dtype is p.dtype if same else value.is_floating_point())):
+                    _refuse_state(name, key, value, state_kind, index, group, i, p)
     return prepared
 
 
+def _shape_error(name: str, key: str, value: Tensor, want: Any, index: int, group: dict[str, Any], i: int,
+                 p: Tensor) -> StepError:
+    return StepError(
+        f"{name} cannot step: the state {key!r} of {where(index, group, i, p)} has shape "
+        f"{tuple(value.shape)}, not {tuple(want)}; the optimizer state belongs to another model. Load a checkpoint "
+        "of this model (or start with a fresh optimizer).",
+        param=where(index, group, i, p),
+    )
+
+
+def _refuse_state(name: str, key: str, value: Tensor, kind: str, index: int, group: dict[str, Any], i: int,
+                  p: Tensor) -> None:
+    """The StepError for state of the right shape that :func:`~optcore.guards.state_problem` refuses."""
+    problem = state_problem(key, value, p, kind) if value.dim() else None
+    if problem is not None:
+        raise StepError(f"{name} cannot step: the state {key!r} of {where(index, group, i, p)} {problem}.",
+                        param=where(index, group, i, p))
+
+
 def _check_state(name: str, rule: Any, state: dict[str, Any], index: int, group: dict[str, Any], i: int,
-                 p: Tensor) -> None:
-    """State of another shape than the rule says (another model's) would be read
-    past its end by a kernel, or broadcast by torch ops: refused. Only the keys
-    a callable rule names are judged (each once per step: this runs for every
-    parameter, so it compares shapes without building tuples)."""
-    if callable(rule):
-        pairs = [(key, state.get(key), want) for key, want in rule(group, p).items()]
-    else:
-        pairs = [(key, value, p.shape) for key, value in state.items()]
-    for key, value, want in pairs:
-        if not isinstance(value, Tensor) or value.shape == (want if isinstance(want, tuple) else tuple(want)):
+                 p: Tensor, kind: str) -> None:
+    """The state keys a callable rule names, each of the shape it gives: state
+    of another shape (another model's) would be read past its end by a kernel,
+    or broadcast by torch ops, and state no backend can write
+    (:func:`~optcore.guards.state_problem`) is refused."""
+    for key, want in rule(group, p).items():
+        value = state.get(key)
+        if not isinstance(value, Tensor):
             continue
-        if value.dim() == 0:
-            continue
-        raise StepError(
-            f"{name} cannot step: the state {key!r} of {where(index, group, i, p)} has shape "
-            f"{tuple(value.shape)}, not {tuple(want)}; the optimizer state belongs to another model. Load a checkpoint "
-            "of this model (or start with a fresh optimizer).",
-            param=where(index, group, i, p),
-        )
+        if value.shape == (want if isinstance(want, tuple) else tuple(want)):
+            _refuse_state(name, key, value, kind, index, group, i, p)
+        elif value.dim():
+            raise _shape_error(name, key, value, want, index, group, i, p)
+
+
+def check_step_state(optimizer: Any, params: list[Tensor], *, owner: str | None = None) -> None:
+    """A :class:`~optcore.StepError` for the first of ``params`` whose state in
+    ``optimizer`` no backend can step, raised before anything changes: for a
+    wrapper that hands tensors to an optimizer whose ``step`` does not call
+    :func:`prepare_step` (a torch class inside a precision wrapper). A native
+    optimizer judges its own state in :func:`prepare_step`; torch's classes
+    need their state in the parameter's dtype and on its device, other classes
+    only tensors that hold data with no two elements in one place. ``owner``
+    names the wrapper in the message."""
+    cls = getattr(type(optimizer), "adapted_from", type(optimizer))
+    kind = "param" if cls.__module__.startswith("torch.optim") else "any"
+    elementwise = state_rule(optimizer) == "elementwise"
+    state = optimizer.state
+    for i, p in enumerate(params):
+        entry = state.get(p)
+        problem = step_problem(p, None, entry.items(), kind, elementwise=elementwise) if entry else None
+        if problem is not None:
+            name = f"{owner or type(optimizer).__name__} ({type(optimizer).__name__})"
+            raise StepError(f"{name} cannot step tensor #{i} it steps (shape {tuple(p.shape)}): {problem}.",
+                            param=f"#{i}, shape {tuple(p.shape)}")

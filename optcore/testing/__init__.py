@@ -29,6 +29,10 @@ Public API (everything else in this package is private):
 - :func:`run_check`, :func:`run_conformance`, :class:`ConformanceSkip` -- running
   them, and :func:`conformance_cases` -- every check in every dtype the
   optimizer declares, as pytest params (``optcore.testing._runner``).
+- :data:`BAD_STEP_INPUTS`, :data:`STEPPABLE_STEP_INPUTS`, :func:`assert_step_refused`,
+  :func:`snapshot`, :func:`same` -- gradients and state no step can use, and
+  the check that one is refused with nothing changed, for a plugin's tests of
+  each of its backends (``optcore.testing._step_inputs``);
 - :func:`check_placements`, :class:`PlacementCase`, :class:`PlacementReport`,
   :class:`PlacementResult`, :data:`PLACEMENTS` -- the placement dimension: any
   optimizer under DDP, FSDP2, ZeRO, DeepSpeed ZeRO-1/2 and DCP resumes on
@@ -60,13 +64,17 @@ from ._checks import (
 from ._inputs import DTYPES, ConformanceInputs, inputs_for, with_config
 from ._placements import PLACEMENTS, PlacementCase, PlacementReport, PlacementResult, check_placements
 from ._runner import ConformanceSkip, conformance_cases, run_check, run_conformance
+from ._step_inputs import BAD_STEP_INPUTS, STEPPABLE_STEP_INPUTS, assert_step_refused, same, snapshot
 
 __all__ = [
+    "BAD_STEP_INPUTS",
     "CHECKS",
     "PLACEMENTS",
     "PlacementCase",
     "PlacementReport",
     "PlacementResult",
+    "STEPPABLE_STEP_INPUTS",
+    "assert_step_refused",
     "check_placements",
     "DTYPES",
     "ConformanceInputs",
@@ -87,5 +95,7 @@ __all__ = [
     "inputs_for",
     "run_check",
     "run_conformance",
+    "same",
+    "snapshot",
     "with_config",
 ]

@@ -62,7 +62,7 @@ def test_a_tensor_the_fused_kernel_cannot_use_is_refused_before_it_runs(case, st
     """A replaced ``.data``, a freed storage, a state tensor of another size or
     dtype: torch's fused kernels wrote through them."""
     outcome = step_outcomes.get(case, f"never reported: {step_outcomes['<exit>']}")
-    assert outcome.startswith("refused ConfigError"), outcome
+    assert outcome.startswith("refused StepError"), outcome
 
 
 def _stepped(config, model):

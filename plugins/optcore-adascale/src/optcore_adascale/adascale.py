@@ -469,7 +469,7 @@ class AdaScaleSGD(Optimizer):
         ``lr * gain`` on every group; gradients are treated as divided by
         ``scale`` (and by GradScaler's ``grad_scale``). Under torch.compile the
         same step runs without host synchronisation (the gain stays a tensor)."""
-        prepared = prepare_step(self, closure, scale, groups)  # the contract's checks: nothing changed yet
+        prepared = prepare_step(self, closure, scale, groups, state_kind="floating")  # the contract's checks: nothing changed yet
         loss, scale = prepared.loss, prepared.scale
         if _world_size() != self.world_size:
             raise StepError(

@@ -22,11 +22,19 @@ import torch
 from torch import Tensor
 
 from optcore import ConfigError, StepError
-from optcore.plugin import ContractMixin, GroupSelector, by_device_and_dtype, prepare_step, total_grad_norm
+from optcore.guards import overlaps_itself
+from optcore.plugin import (
+    ContractMixin,
+    GroupSelector,
+    Optimizer,
+    by_device_and_dtype,
+    check_step_state,
+    prepare_step,
+    total_grad_norm,
+)
 
 from .loss_scaler import DynamicLossScaler
 from .schemas import LossScalerConfig
-
 
 _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -109,7 +117,11 @@ def is_contract(optimizer: Any) -> bool:
 def non_finite(tensors: Sequence[Tensor], unscale: float = 1.0) -> bool:
     """Whether any of ``tensors`` holds an inf or a NaN: one fused pass per
     device and dtype (torch's AMP kernel), which also multiplies them by
-    ``unscale`` in the same pass. One host sync."""
+    ``unscale`` in the same pass. One host sync. Only reading, a gradient whose
+    elements share memory (``p.grad = g.expand(...)``, which the kernel cannot
+    write) is checked through a copy."""
+    if unscale == 1.0:
+        tensors = [t.contiguous() if not t.is_contiguous() and overlaps_itself(t) else t for t in tensors]
     meshes = {id(t.device_mesh): t.device_mesh for t in tensors if _is_dtensor(t)}
     if meshes:  # FSDP2's shards: each rank checks (and unscales) its local shard, and the ranks vote
         tensors = [t.to_local() if _is_dtensor(t) else t for t in tensors]
@@ -126,6 +138,14 @@ def non_finite(tensors: Sequence[Tensor], unscale: float = 1.0) -> bool:
             torch.distributed.all_reduce(total, group=each.get_group())
         return bool(total.item() > 0)
     return bool(torch.stack(found).sum() > 0) if found else False
+
+
+def check_inner_state(wrapper: Any, params: list[Tensor]) -> None:
+    """State of ``params`` that the inner optimizer's step cannot use is a
+    StepError before the wrapper changes anything: a native inner optimizer
+    judges its own in its step's preamble, a torch one does not."""
+    if not isinstance(wrapper.optimizer, Optimizer) and not torch.compiler.is_compiling():
+        check_step_state(wrapper.optimizer, params, owner=type(wrapper).__name__)
 
 
 def _is_dtensor(t: Tensor) -> bool:

@@ -36,7 +36,7 @@ from torch import Tensor
 from optcore import ConfigError
 from optcore.plugin import in_dcp_get, validate_hparams
 
-from ._wrapper import WRAPPER_KEY, ParamGroupView, PrecisionWrapper, is_contract, non_finite
+from ._wrapper import WRAPPER_KEY, ParamGroupView, PrecisionWrapper, check_inner_state, is_contract, non_finite
 from .loss_scaler import DynamicLossScaler
 from .schemas import FP16OptimizerConfig, LossScalerConfig
 
@@ -241,6 +241,7 @@ class FP16Optimizer(PrecisionWrapper):
     # ------------------------------------------------------------------- step
     def _step_inner(self, indices: list[int] | None, scale: float, check: bool) -> bool:
         selected = self._masters if indices is None else [self._masters[i] for i in indices]
+        check_inner_state(self, [t for m in selected for t in m.tensors])
         for m in selected:
             m.take_edits()
         found, scale = self._torch_copy(selected, scale, check)

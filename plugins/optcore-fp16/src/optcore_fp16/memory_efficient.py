@@ -21,7 +21,7 @@ import optcore
 from optcore import ConfigError
 from optcore.plugin import validate_hparams
 
-from ._wrapper import PrecisionWrapper, non_finite
+from ._wrapper import PrecisionWrapper, check_inner_state, non_finite
 from .loss_scaler import DynamicLossScaler
 from .schemas import LossScalerConfig, MemoryEfficientFP16OptimizerConfig
 
@@ -83,6 +83,7 @@ class MemoryEfficientFP16Optimizer(PrecisionWrapper):
     def _step_inner(self, indices: list[int] | None, scale: float, check: bool) -> bool:
         inner_groups = self.optimizer.param_groups  # (the same groups; see PrecisionWrapper.step)
         groups = inner_groups if indices is None else [inner_groups[i] for i in indices]
+        check_inner_state(self, [p for g in groups for p in g["params"] if p.grad is not None])
         grads = self._model_grads(groups)
         if check and non_finite(grads):  # read in place (times 1): never unscale fp16 grads here
             return False

@@ -167,7 +167,7 @@ class Lion(Optimizer):
     def step(self, closure: Callable[[], float] | None = None, scale: float = 1.0,
              groups: Any = None) -> float | None:
         """One update of the selected ``groups`` (all by default), gradients taken as divided by ``scale``."""
-        prepared = prepare_step(self, closure, scale, groups)  # the contract's checks: nothing changed yet
+        prepared = prepare_step(self, closure, scale, groups, state_kind="floating")  # the contract's checks: nothing changed yet
         if prepared.skip:
             return prepared.loss
         if not torch.compiler.is_compiling():  # the kernel runs eagerly only
