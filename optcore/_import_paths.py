@@ -107,7 +107,7 @@ class ImportPaths:
 
     def _trusted_tops(self) -> set[str]:
         """Packages a resolution imports anyway: torch, the known optimizer packages, installed plugins."""
-        plugins = {e.value.partition(":")[0].strip().partition(".")[0] for e in entry_points(self.group)}
+        plugins = {e.value.partition(":")[0].strip().partition(".")[0] for e in entry_points(self.group) if not e.clash}
         return {"torch", *(p.top_level for p in KNOWN_PACKAGES), *plugins}
 
     def _not_judged(self, module: str, attr: str, text: str) -> Exception:

@@ -4,7 +4,9 @@ Reading the metadata imports nothing; any failure of a plugin's import
 (``SystemExit`` included, ``KeyboardInterrupt`` excepted) is a
 :class:`PluginLoadError` for that name alone. Distributions are read in
 ``sys.path`` order, sorted within a path entry, so a name two plugins declare
-resolves the same way on every machine.
+resolves the same way on every machine. A distribution found twice under one
+normalized name (:mod:`optcore.distributions`) is a look-alike: its entry
+points carry the ``clash`` that names both copies, and none of them loads.
 
 Why a scan and not ``importlib.metadata``: the first look-up in a process
 with 50 extra distributions (``python benchmarks/bench_discovery.py --fakes 50``,
@@ -18,6 +20,7 @@ once when all 50 do): over issue 10's ~5 ms bar, by little.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import sys
@@ -27,6 +30,7 @@ from typing import Any
 
 from ._errors import PluginLoadError
 from ._names import normalize
+from .distributions import Copies, LookAlikeError, dist_key
 
 OPTIMIZERS_GROUP = "optcore.optimizers"
 SCHEDULERS_GROUP = "optcore.schedulers"
@@ -42,6 +46,7 @@ class PluginEntry:
     group: str
     distribution: str | None
     version: str | None
+    clash: str | None = None  # why it does not load: another distribution has the same normalized name
 
     @property
     def module(self) -> str:
@@ -51,6 +56,8 @@ class PluginEntry:
         """The entry point's object, checked with ``validate``, or :class:`PluginLoadError`."""
         from importlib.metadata import EntryPoint  # lazily: listing needs no importlib.metadata
 
+        if self.clash is not None:
+            raise LookAlikeError(self.distribution, f"{self.group}:{self.name} = {self.value}", self.clash, self.version)
         try:
             obj = EntryPoint(self.name, self.value, self.group).load()
             if validate is not None:
@@ -98,7 +105,7 @@ def _scan(path: tuple[str, ...]) -> dict[str, tuple[PluginEntry, ...]]:
     """Every ``optcore.*`` entry point of the distributions on ``path``: only
     the ``entry_points.txt`` files that mention an ``optcore.`` group are parsed."""
     found: dict[str, list[PluginEntry]] = {}
-    seen: set[str] = set()
+    seen = Copies()
     for entry in path:
         if not os.path.isdir(entry or "."):
             if os.path.isfile(entry):  # a zipped egg or wheel; a missing entry has nothing
@@ -126,24 +133,24 @@ def _scan(path: tuple[str, ...]) -> dict[str, tuple[PluginEntry, ...]]:
             if not dist or not version:
                 dist, version = _metadata_header(info_dir)
                 dist = dist or stem
-            dist = dist.replace("_", "-").replace(".", "-").lower()
-            if normalize(dist) in seen:
+            if seen.seen_before(dist, version, info_dir):
                 continue
-            seen.add(normalize(dist))
+            dist = dist.replace("_", "-").replace(".", "-").lower()
             for group, items in _parse_entry_points(text).items():
                 if group.startswith("optcore."):
                     found.setdefault(group, []).extend(PluginEntry(n, v, group, dist, version) for n, v in items)
-    return {group: tuple(items) for group, items in found.items()}
+    clash = seen.clashes()
+    return {g: tuple(dataclasses.replace(e, clash=clash.get(dist_key(e.distribution or ""))) for e in items)
+            for g, items in found.items()}
 
 
-def _scan_with_metadata(entry: str, found: dict[str, list[PluginEntry]], seen: set[str]) -> None:
+def _scan_with_metadata(entry: str, found: dict[str, list[PluginEntry]], seen: Copies) -> None:
     from importlib import metadata
 
     for dist in sorted(metadata.distributions(path=[entry]), key=lambda d: normalize(d.metadata["Name"] or "")):
         name = dist.metadata["Name"]
-        if normalize(name or "") in seen:
+        if seen.seen_before(name or "", dist.version, entry):
             continue
-        seen.add(normalize(name or ""))
         for ep in dist.entry_points:
             if ep.group.startswith("optcore."):
                 found.setdefault(ep.group, []).append(PluginEntry(ep.name, ep.value, ep.group, name, dist.version))
@@ -196,6 +203,12 @@ def switched_off(distribution: str, group: str) -> str | None:
     if mine and allowed is not None and key not in allowed and all(normalize(n) not in allowed for n in mine):
         return f"OPTCORE_PLUGINS={os.environ['OPTCORE_PLUGINS']!r} leaves out its {group} entry points: add {distribution} to it"
     return None
+
+
+def clashes() -> list[str]:
+    """Why each plugin distribution that has a look-alike does not load (for ``optcore list``)."""
+    found = () if _switches()[0] else _scan(tuple(sys.path)).values()
+    return sorted({e.clash for items in found for e in items if e.clash is not None})
 
 
 def refresh() -> None:

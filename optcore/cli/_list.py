@@ -5,16 +5,20 @@ packages and the plugins' entry points. No plugin is imported unless capability
 flags are asked for (``--all`` or ``--flags``), since the flags are facts about
 the class. The line under it names the installed packages whose own registries add
 names (from metadata: counting them would import those packages), so that
-none is hidden unsaid.
+none is hidden unsaid, and the plugin distributions that are not loaded because
+a look-alike has their name (:mod:`optcore.distributions`), with both folders.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from .._errors import OptcoreError
+from .._plugins import clashes as plugin_clashes
+from .._values import clean_text
 from ._output import console, table
 
 _FLAG_TITLE = "fp16-mem / scale / flat / groups / sharding"
@@ -59,8 +63,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         if flags:
             row["capabilities"] = _flags(spec, load)
         rows.append(row)
+    clashes = [f"Not loaded: {clean_text(why, 2000)}." for why in plugin_clashes()]
     if args.json:
         print(json.dumps(rows, indent=2))
+        for line in clashes:  # stdout stays the JSON rows
+            print(line, file=sys.stderr)
         return 0
     header = ["name", "source", "provider", "select with", "shadows"] + ([_FLAG_TITLE] if flags else [])
     cells = [
@@ -73,7 +80,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for row_cells in cells:
         out.add_row(*row_cells)
     console().print(out)
-    notes = ([_LEGEND] if flags else []) + ([] if args.all or args.schedulers else _unlisted(specs))
+    notes = ([_LEGEND] if flags else []) + ([] if args.all or args.schedulers else _unlisted(specs)) + clashes
     if notes:
         console().print("\n".join(notes), highlight=False, markup=False)
     return 0

@@ -11,7 +11,7 @@ what it is given or runs code it judges.
 from ._imports import judging_only, locate, not_judged, paths_turned_off, without_imports
 from ._kernel_inputs import check_fused_inputs
 from ._nesting import MAX_DEPTH, MAX_NODES, check_nesting
-from ._patterns import PatternError, compile_pattern
+from ._patterns import MAX_PATTERN_LENGTH, PatternError, compile_pattern
 from ._state import ELEMENTWISE, check_state_dict
 from ._step_inputs import STATE_KINDS, grad_problem, overlaps_itself, state_problem, step_problem
 
@@ -19,6 +19,7 @@ __all__ = [
     "ELEMENTWISE",
     "MAX_DEPTH",
     "MAX_NODES",
+    "MAX_PATTERN_LENGTH",
     "STATE_KINDS",
     "PatternError",
     "check_fused_inputs",

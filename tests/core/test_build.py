@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -191,15 +193,23 @@ def test_a_plugin_key_nobody_claims_says_why_the_plugin_is_not_in_use(monkeypatc
         patch.setattr("optcore._plan.PLUGIN_KEY_HINTS", {"sugar": "optcore-silent"})
         with pytest.raises(optcore.ConfigError, match=r"optcore-silent is installed and loaded, and claims none of them"):
             optcore.plan({"type": "AdamW", "sugar": 1})
-    # first on sys.path, this broken distribution stands in for the installed optcore-fp16;
-    # its error is cleaned and cut for the message (no terminal escapes, no 3,000 characters)
-    fake_plugins("optcore-fp16", "optcore_fp16_broken", "raise RuntimeError('broken \\x1b[31m' + 'A' * 3000)",
-                 {"optcore.hooks": {"fp16": "optcore_fp16_broken"}})
-    with pytest.warns(RuntimeWarning, match="optcore-fp16"):
-        with pytest.raises(optcore.ConfigError, match=r"optcore-fp16 is installed and failed to load \(RuntimeError: broken ") as info:
-            optcore.plan(config)
+    # a broken plugin: its error is cleaned and cut for the message (no terminal escapes, no 3,000 characters)
+    fake_plugins("optcore-broken", "optcore_broken_hooks", "raise RuntimeError('broken \\x1b[31m' + 'A' * 3000)",
+                 {"optcore.hooks": {"broken": "optcore_broken_hooks"}})
+    with monkeypatch.context() as patch:
+        patch.setattr("optcore._plan.PLUGIN_KEY_HINTS", {"sugar": "optcore-broken"})
+        with pytest.warns(RuntimeWarning, match="optcore-broken"):
+            with pytest.raises(optcore.ConfigError, match=r"optcore-broken is installed and failed to load \(RuntimeError: broken ") as info:
+                optcore.plan({"type": "AdamW", "sugar": 1})
     assert "\x1b" not in str(info.value) and len(str(info.value)) < 1000
-    assert optcore._hooks.load_failure("OPTCORE_FP16") == optcore._hooks.load_failure("optcore-fp16") is not None
+    assert optcore._hooks.load_failure("OPTCORE_BROKEN") == optcore._hooks.load_failure("optcore-broken") is not None
+    # a distribution named like the installed optcore-fp16, first on sys.path, is a look-alike: neither loads
+    fake_plugins("optcore-fp16", "optcore_fp16_shadow", "raise RuntimeError('never imported')",
+                 {"optcore.hooks": {"fp16": "optcore_fp16_shadow"}})
+    with pytest.warns(RuntimeWarning, match="optcore.hooks:fp16 = optcore_fp16_shadow' is not loaded"):
+        with pytest.raises(optcore.ConfigError, match=r"optcore-fp16 is installed and failed to load \(2 distributions on sys.path have one normalized name"):
+            optcore.plan(config)
+    assert "optcore_fp16_shadow" not in sys.modules
 
 
 def test_constructor_errors_become_config_errors(model):

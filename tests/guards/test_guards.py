@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import optcore
+from optcore.guards import MAX_PATTERN_LENGTH
 
 sys.path.insert(0, str(Path(__file__).parent))
 import untrusted_cases  # noqa: E402
@@ -184,6 +185,30 @@ def test_a_regex_re2_cannot_take_is_refused_by_name(pattern):
     with pytest.raises(optcore.ConfigError, match=r"RE2.*Backreferences and lookahead/lookbehind") as info:
         optcore.plan({"type": "AdamW", "param_groups": [{"params": pattern, "lr_scale": 0.5}]})
     assert info.value.problems[0][0] == "param_groups[0].params"
+
+
+@pytest.mark.parametrize("size", [MAX_PATTERN_LENGTH + 1, 10_000_000])
+def test_an_oversized_regex_is_refused_at_once_by_its_length(size):
+    """A 10 MB pattern took 11 s to refuse (Python's parser, then RE2's, read it all)."""
+    start = time.perf_counter()
+    with pytest.raises(optcore.ConfigError, match=f"is not a valid regex: it is {size:,} characters long") as info:
+        optcore.plan({"type": "AdamW", "param_groups": [{"params": "a" * size, "lr_scale": 0.5}]})
+    assert time.perf_counter() - start < 0.5
+    assert info.value.problems[0][0] == "param_groups[0].params" and len(str(info.value)) < 1000
+
+
+def test_a_regex_at_the_length_limit_still_matches(model):
+    pattern = "^(" + "|".join(f"{i}" for i in (0, 3)) + r")\.weight$" + "|^zz" * ((MAX_PATTERN_LENGTH - 20) // 4)
+    assert len(pattern) <= MAX_PATTERN_LENGTH
+    opt = optcore.build_optimizer({"type": "AdamW", "param_groups": [{"params": pattern, "lr_scale": 0.5}]}, model)
+    lr = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert lr[id(model[3].weight)] == pytest.approx(0.0005) and lr[id(model[3].bias)] == pytest.approx(0.001)
+
+
+def test_a_regex_too_large_for_re2_is_refused_as_too_large_not_as_a_missing_feature():
+    with pytest.raises(optcore.ConfigError, match=r"too large .*counted repetitions") as info:
+        optcore.plan({"type": "AdamW", "param_groups": [{"params": ".{1,1000}" * 400, "lr_scale": 0.5}]})
+    assert "Backreferences" not in str(info.value)
 
 
 def test_an_invalid_regex_keeps_pythons_message():

@@ -3,6 +3,8 @@ PluginLoadError, discovery order is the same everywhere, clashes are reported.""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -115,19 +117,144 @@ def test_two_plugins_with_one_name_resolve_the_same_way_and_the_clash_is_reporte
 
 
 # ------------------------------------------------------------ I: discovery rules kept
-def test_the_first_distribution_of_a_name_on_sys_path_wins(fake_plugins, tmp_path_factory, monkeypatch):
-    later = tmp_path_factory.mktemp("later")
-    info = later / "optcore_dup-2.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: optcore-dup\nVersion: 2.0\n")
-    (info / "entry_points.txt").write_text("[optcore.optimizers]\nDupOpt = optcore_dup_fake:Opt\nDupOnly2 = x:y\n")
-    monkeypatch.setattr(sys, "path", [*sys.path, str(later)])
-    fake_plugins("optcore-dup", "optcore_dup_fake", SGD_LIKE, {"optcore.optimizers": {"DupOpt": "optcore_dup_fake:Opt"}},
-                 version="1.0")
-    entries = [e for e in plugins.entry_points("optcore.optimizers") if e.distribution == "optcore-dup"]
-    assert [(e.name, e.version) for e in entries] == [("DupOpt", "1.0")]
-    spec = optcore.resolve("DupOpt")
-    assert spec.version == "1.0" and not spec.shadowed
+def _dist(folder, dir_name, name, version, entry_points, module=None, source=""):
+    """A distribution as pip leaves it: ``dir_name`` (a .dist-info) with METADATA and entry_points.txt,
+    and ``module``.py beside it."""
+    info = folder / dir_name
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(
+        "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in entry_points.items())
+    )
+    if module:
+        (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    return info
+
+
+@pytest.fixture
+def on_path(monkeypatch):
+    """``add(folder, first=True)``: a folder on sys.path (first, or last), with discovery's cache cleared."""
+    monkeypatch.delenv("OPTCORE_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.delenv("OPTCORE_PLUGINS", raising=False)
+
+    def add(folder, first=True):
+        monkeypatch.setattr(sys, "path", [str(folder), *sys.path] if first else [*sys.path, str(folder)])
+        plugins.refresh()
+
+    yield add
+    monkeypatch.undo()
+    plugins.refresh()
+
+
+def _marking(marker):
+    return f"open({str(marker)!r}, 'w').write('ran')\n" + SGD_LIKE + "Lion = Opt\n"
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["look-alike-first", "look-alike-last"])
+def test_a_look_alike_distribution_is_refused_naming_both_folders_and_runs_nothing(
+        tmp_path, on_path, model, first):
+    """``Optcore_LookAlike`` and ``optcore-lookalike`` are one normalized name: the one first on
+    sys.path used to be taken, its module run and its class built, without a word."""
+    real, fake = tmp_path / "site", tmp_path / "pythonpath"
+    marker = tmp_path / "marker"
+    real_info = _dist(real, "optcore_lookalike-0.1.dist-info", "optcore-lookalike", "0.1",
+                      {"optcore.optimizers": {"LookOpt": "optcore_lookalike_real:Opt"}}, "optcore_lookalike_real", SGD_LIKE)
+    fake_info = _dist(fake, "Optcore_LookAlike-1.0.dist-info", "Optcore_LookAlike", "1.0",
+                      {"optcore.optimizers": {"LookOpt": "optcore_lookalike_evil:Opt"},
+                       "optcore.hooks": {"evil": "optcore_lookalike_evil"}},
+                      "optcore_lookalike_evil", _marking(marker))
+    on_path(real, first=True)
+    on_path(fake, first=first)
+    # the entry points are the first copy's: the look-alike's hook plugin when it comes first, refused with a warning
+    hook = "'optcore.hooks:evil = optcore_lookalike_evil' is not loaded: 2 dist"
+    with pytest.warns(RuntimeWarning, match=hook) if first else contextlib.nullcontext():
+        for name in ("LookOpt", "optcore-lookalike:LookOpt", "Optcore_LookAlike:LookOpt"):
+            with pytest.raises(PluginLoadError) as info:
+                optcore.build_optimizer(name, model)
+            message = str(info.value)
+            assert str(real_info) in message and str(fake_info) in message, message
+            assert "Optcore_LookAlike 1.0" in message and "optcore_lookalike 0.1" in message
+            assert "pip uninstall" in message and "PYTHONPATH" in message
+            assert info.value.distribution == "optcore-lookalike"
+        optcore.build_optimizer("AdamW", model).step()  # the hook plugin's refusal is a warning, not a stop
+    assert not marker.exists()
+    assert "optcore_lookalike_evil" not in sys.modules and "optcore_lookalike_real" not in sys.modules
+
+
+def test_a_look_alike_of_an_installed_plugin_is_refused(tmp_path, on_path, model):
+    """The case of the issue: ``Optcore_Lion`` in a PYTHONPATH folder, taken for ``optcore-lion:Lion``."""
+    from importlib import metadata
+
+    try:
+        installed = metadata.distribution("optcore-lion")
+    except metadata.PackageNotFoundError:
+        pytest.skip("optcore-lion is not installed as a distribution here")
+    marker = tmp_path / "marker"
+    fake_info = _dist(tmp_path, "Optcore_Lion-1.0.dist-info", "Optcore_Lion", "1.0",
+                      {"optcore.optimizers": {"Lion": "optcore_lion_evil:Lion"}}, "optcore_lion_evil", _marking(marker))
+    on_path(tmp_path)
+    with pytest.raises(PluginLoadError) as info:
+        optcore.build_optimizer({"type": "optcore-lion:Lion", "lr": 1e-4}, model)
+    assert str(fake_info) in str(info.value) and str(installed._path) in str(info.value)
+    assert not marker.exists() and "optcore_lion_evil" not in sys.modules
+
+
+def test_one_folder_reached_twice_through_sys_path_is_one_distribution(tmp_path, on_path, monkeypatch, model):
+    _dist(tmp_path, "optcore_twice-1.0.dist-info", "optcore-twice", "1.0",
+          {"optcore.optimizers": {"TwiceOpt": "optcore_twice_fake:Opt"}}, "optcore_twice_fake", SGD_LIKE)
+    monkeypatch.chdir(tmp_path)
+    on_path(tmp_path)
+    on_path("", first=False)  # the working directory, spelt as Python spells it
+    try:
+        assert isinstance(optcore.build_optimizer("TwiceOpt", model), torch.optim.SGD)
+        assert plugins.clashes() == []
+    finally:
+        sys.modules.pop("optcore_twice_fake", None)
+
+
+@pytest.mark.parametrize("site_first", [True, False], ids=["site-packages-first", "project-first"])
+def test_an_editable_install_and_the_egg_info_in_its_project_are_one_distribution(tmp_path, on_path, model, site_first):
+    """``pip install -e`` of a setuptools project leaves a .dist-info in site-packages naming the project
+    as editable, and an .egg-info inside the project's source folder, which its .pth puts on sys.path."""
+    project, site = tmp_path / "optcore-editable", tmp_path / "site"
+    src = project / "src"
+    eps = {"optcore.optimizers": {"EditableOpt": "optcore_editable_mod:Opt"}}
+    _dist(src, "optcore_editable.egg-info", "optcore-editable", "0.3", eps, "optcore_editable_mod", SGD_LIKE)
+    info = _dist(site, "optcore_editable-0.3.dist-info", "optcore_editable", "0.3", eps)
+    (info / "direct_url.json").write_text(json.dumps({"dir_info": {"editable": True}, "url": project.as_uri()}))
+    on_path(src)
+    on_path(site, first=site_first)
+    try:
+        assert plugins.clashes() == []
+        assert isinstance(optcore.build_optimizer("EditableOpt", model), torch.optim.SGD)
+        # the same .egg-info beside a dist-info that is not editable (or names another project) is a look-alike
+        (info / "direct_url.json").write_text(json.dumps({"dir_info": {}, "url": project.as_uri()}))
+        plugins.refresh()
+        assert len(plugins.clashes()) == 1
+        (info / "direct_url.json").write_text(json.dumps({"dir_info": {"editable": True},
+                                                          "url": (tmp_path / "elsewhere").as_uri()}))
+        plugins.refresh()
+        assert len(plugins.clashes()) == 1
+    finally:
+        sys.modules.pop("optcore_editable_mod", None)
+
+
+def test_optcore_list_reports_a_look_alike_and_lists_the_rest(tmp_path, on_path, capsys):
+    from optcore.cli import main
+
+    real, fake = tmp_path / "site", tmp_path / "pythonpath"
+    _dist(real, "optcore_listed-0.1.dist-info", "optcore-listed", "0.1", {"optcore.optimizers": {"Listed": "m:Opt"}})
+    _dist(fake, "Optcore_Listed-9.dist-info", "Optcore_Listed", "9", {"optcore.optimizers": {"Listed": "m:Opt"}})
+    on_path(real)
+    on_path(fake)
+    assert main(["list", "--flags"]) == 0
+    out = capsys.readouterr().out
+    assert "AdamW" in out and "Not loaded: 2 distributions on sys.path have one normalized name" in out
+    assert str(real / "optcore_listed-0.1.dist-info") in out and str(fake / "Optcore_Listed-9.dist-info") in out
+    assert main(["list", "--json"]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)
+    assert "Optcore_Listed 9" in captured.err
 
 
 def test_an_egg_info_without_a_version_in_its_name_reads_its_header(tmp_path, monkeypatch):
