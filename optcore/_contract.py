@@ -178,7 +178,18 @@ class ContractMixin:
         if not isinstance(state_dict, Mapping):
             raise ConfigError(f"load_state_dict takes an optimizer's state_dict (a mapping), got {type(state_dict).__name__}.")
         record, in_groups, state_dict = _dcp.take_records(self, state_dict)
-        check_state_dict(self, state_dict, record.get("param_shapes") if isinstance(record, Mapping) else None)
+        overrides = dict(optimizer_overrides or {})
+        known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
+        unknown = sorted(set(overrides) - known, key=str)
+        if unknown:
+            raise ConfigError(
+                f"optimizer_overrides has unknown hyper-parameter(s) {unknown}; "
+                f"this optimizer has {sorted(known - {'param_names'})}.",
+                problems=[(str(k), "unknown hyper-parameter") for k in unknown],
+                accepted=sorted(known),
+            )
+        shapes = record.get("param_shapes") if isinstance(record, Mapping) else None
+        check_state_dict(self, state_dict, shapes, overrides, _valid_group)
         try:
             super().load_state_dict(state_dict)  # type: ignore[misc]
         except (TypeError, KeyError, ValueError, IndexError, AttributeError) as exc:  # torch's, on a tampered dict
@@ -188,25 +199,16 @@ class ContractMixin:
                 problems=[("state_dict", type(exc).__name__)],
             ) from exc
         _dcp.loaded(self, in_groups)
-        if optimizer_overrides:
-            known = set(self.defaults) | {k for g in self.param_groups for k in g} - {"params"}
-            unknown = sorted(set(optimizer_overrides) - known)
-            if unknown:
-                raise ConfigError(
-                    f"optimizer_overrides has unknown hyper-parameter(s) {unknown}; "
-                    f"this optimizer has {sorted(known - {'param_names'})}.",
-                    problems=[(k, "unknown hyper-parameter") for k in unknown],
-                    accepted=sorted(known),
-                )
+        if overrides:
             for group in self.param_groups:
-                for key, value in optimizer_overrides.items():
+                for key, value in overrides.items():
                     if key == "lr" and group.get("lr_scale", 1.0) != 1.0:
                         value = value * group["lr_scale"]
                     if isinstance(group.get(key), Tensor) and not isinstance(value, Tensor):
                         group[key].fill_(value)
                     else:
                         group[key] = value
-            self.defaults.update({k: v for k, v in optimizer_overrides.items() if k in self.defaults})
+            self.defaults.update({k: v for k, v in overrides.items() if k in self.defaults})
 
     def _select_groups(self, groups: GroupSelector) -> list[dict[str, Any]]:
         """The groups named by index or config ``name`` (every group of that name:
@@ -287,6 +289,18 @@ class ContractMixin:
         if original is None:  # a ContractMixin subclass not made by adapt()
             return super().step(closure)  # type: ignore[misc]
         return original(self, closure)
+
+
+def _valid_group(owner: Any, values: Mapping[str, Any], label: str) -> None:
+    """A loaded param group's values through its optimizer's schema, as a config's are."""
+    from ._schema import validate_hparams  # pydantic: imported when a state dict loads, not with optcore
+
+    spec = getattr(owner, "optcore_spec", None)
+    schema = spec.schema if spec is not None else getattr(type(owner), "config_schema", None)  # built directly
+    if callable(schema) and not isinstance(schema, type):
+        schema = schema()  # a loader, as OptimizerSpec.schema takes one
+    if schema is not None:
+        validate_hparams(schema, {k: v for k, v in values.items() if k in schema.model_fields}, label)
 
 
 def _installing(init: Callable[..., Any]) -> Callable[..., Any]:

@@ -28,6 +28,24 @@ TORCH_FACTS: dict[str, tuple[bool, bool, str]] = {
     "Muon": (False, False, "per_tensor"),  # orthogonalises 2-D updates
 }
 
+#: The state each class keeps for a parameter once it has stepped, which a loaded state dict must hold exactly
+#: (optcore.guards judges it): ``key`` has the parameter's shape, ``key()`` is 0-dim, ``key?flag`` is kept only
+#: while the group's ``flag`` is true. Adafactor's factors follow optcore.guards' factored rule; LBFGS has none.
+TORCH_STATE: dict[str, str] = {
+    "SGD": "momentum_buffer?momentum",
+    **dict.fromkeys(("Adam", "AdamW"), "step() exp_avg exp_avg_sq max_exp_avg_sq?amsgrad"),
+    "Adamax": "step() exp_avg exp_inf",
+    "NAdam": "step() mu_product() exp_avg exp_avg_sq",
+    **dict.fromkeys(("RAdam", "SparseAdam"), "step() exp_avg exp_avg_sq"),
+    "RMSprop": "step() square_avg momentum_buffer?momentum grad_avg?centered",
+    "Adagrad": "step() sum",
+    "Adadelta": "step() square_avg acc_delta",
+    "ASGD": "step() eta() mu() ax",
+    "Rprop": "step() prev step_size",
+    "Adafactor": "step()",
+    "Muon": "momentum_buffer",
+}
+
 #: ``module top level:class name`` -> sharding, for third-party classes whose update is known.
 PACKAGE_SHARDING: dict[str, str] = {
     **dict.fromkeys(

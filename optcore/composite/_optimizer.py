@@ -19,6 +19,7 @@ from torch import Tensor
 from .._contract import ContractMixin, GroupSelector
 from .._errors import ConfigError, warn_user
 from .._spec import OptimizerSpec
+from .._values import short_repr
 
 
 class CompositeOptimizer(ContractMixin, torch.optim.Optimizer):
@@ -146,14 +147,21 @@ class CompositeOptimizer(ContractMixin, torch.optim.Optimizer):
                 "wrapped (FSDP, DDP re-created) after the optimizer was built does this; build the optimizer over the "
                 "final model.", UserWarning)
 
+    def part_for(self, group: Mapping[str, Any]) -> torch.optim.Optimizer:
+        """The part that steps ``group``: its ``state_shapes`` rule and schema judge
+        the group's saved state and values when a state dict loads."""
+        return self.parts[group["optimizer"]]
+
     def load_state_dict(self, state_dict: Mapping[str, Any], optimizer_overrides: Mapping[str, Any] | None = None) -> None:  # type: ignore[override]
-        """torch's loading, refused when the saved groups were routed differently;
-        then each part gets its groups and the shared state back."""
-        saved = [g.get("optimizer") for g in state_dict.get("param_groups", [])] if isinstance(state_dict, Mapping) else []
+        """The contract's loading (each group judged by the part that steps it),
+        refused when the saved groups were routed differently; then each part
+        gets its groups and the shared state back."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, Mapping) else None
+        saved = [g.get("optimizer") if isinstance(g, Mapping) else None for g in groups] if isinstance(groups, list) else []
         mine = [g.get("optimizer") for g in self.param_groups]
         if saved != mine:
             raise ConfigError(
-                f"This state_dict's param groups were stepped by {saved}, and this composite's by {mine}: the "
+                f"This state_dict's param groups were stepped by {short_repr(saved, 200)}, and this composite's by {mine}: the "
                 "routing differs (another config or model). Resume with the config that saved it.",
                 problems=[("param_groups", "routed differently")],
             )

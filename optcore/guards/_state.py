@@ -1,28 +1,37 @@
-"""What a state dict must be before it loads: its structure, a step count per
-parameter, and every state tensor's shape judged against the *live* parameter
-by the rule of the optimizer that owns it.
+"""What a state dict must be before it loads: its structure, its param groups'
+values, and each parameter's state judged against the *live* parameter by the
+rule of the optimizer that owns it; then every state tensor as a whole
+(:mod:`._state_tensors`: finite, no shared memory).
 
 A checkpoint's own record (``"optcore": {"param_shapes": ...}``) can only
 refuse, never vouch: a crafted one says whatever fits. A fused kernel writes
 as many elements as the parameter has through each state tensor, so one of
-another shape corrupts the heap instead of raising.
+another shape corrupts the heap instead of raising; a misspelt key loads as a
+state the step never reads, so the statistics restart from zero unnoticed.
 
 The rule is data the optimizer declares as ``state_shapes``:
 
+- a callable ``(group, param) -> {key: shape}``: exactly the state it keeps
+  for ``param`` once ``param`` has stepped under ``group``'s values (the
+  group as it will be after the load: the saved values and the overrides).
+  A parameter's saved state lacks none of these keys and has no other; a
+  shape ``()`` is a 0-dim tensor or a number, and ``"step"`` a count. It may
+  return ``None`` for a parameter whose state it does not know;
 - ``"elementwise"`` (:data:`ELEMENTWISE`): every state tensor with a dimension
-  has the parameter's shape (Adam's moments, SGD's momentum);
-- a callable ``(group, param) -> {key: shape}``: the state tensors it keeps for
-  ``param`` and their shapes (Adafactor's row and column statistics); a tensor
-  under another key is refused;
-- ``None`` (the default): a layout optcore does not know; only the step count,
-  the dtypes and the record are checked.
+  has the parameter's shape; the keys are not judged;
+- ``None`` (the default): a layout optcore does not know; the step counts,
+  the dtypes, finiteness and shared memory are checked only.
 
-``torch.optim``'s classes declare nothing; their rules follow from their
-sharding in :data:`optcore._torch_facts.TORCH_FACTS`.
+An optimizer made of others (a composite) names the one that owns a param
+group with a ``part_for(group)`` method; that one's rule and schema judge it.
+``torch.optim``'s classes declare nothing; their rules are
+:data:`optcore._torch_facts.TORCH_STATE`.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -31,15 +40,19 @@ import torch
 from torch import Tensor
 
 from .._errors import ConfigError
-from .._torch_facts import TORCH_FACTS
-from .._values import short_repr
+from .._torch_facts import TORCH_FACTS, TORCH_STATE
+from .._values import clean_text, short_repr
+from ._state_tensors import non_finite, sharing_problem, state_values
 
 ELEMENTWISE = "elementwise"
 
 #: bitsandbytes' 8-bit moments: quantised floats, not integers.
 _QUANTISED = ("uint8", "int8")
 
-Rule = Callable[[Mapping[str, Any], Tensor], Mapping[str, Sequence[int]]] | str | None
+Shapes = Mapping[str, Sequence[int]]
+Rule = Callable[[Mapping[str, Any], Tensor], Shapes | None] | str | None
+#: ``(owner, values, label)``: a ConfigError if ``values`` (a param group's) are not a valid config of ``owner``
+GroupCheck = Callable[[Any, Mapping[str, Any], str], None]
 
 _OTHER_MODEL = (
     "It was saved for another model (or another parameter order); load the matching checkpoint, or skip "
@@ -49,16 +62,18 @@ _DAMAGED = (
     "The checkpoint is damaged or was edited; load the checkpoint as it was saved, or skip load_state_dict "
     "to start the optimizer fresh."
 )
+#: param group entries that are not hyper-parameters
+_GROUP_META = frozenset({"params", "param_names", "name", "lr_scale", "optimizer", "initial_lr"})
 
 
 def state_rule(optimizer: Any) -> Rule:
-    """The ``state_shapes`` rule of ``optimizer``'s class (torch's from the table)."""
-    cls = getattr(type(optimizer), "adapted_from", type(optimizer))
-    declared = getattr(cls, "state_shapes", None)
+    """The ``state_shapes`` rule of ``optimizer`` (torch's classes' from the table)."""
+    declared = getattr(optimizer, "state_shapes", None)
     if declared is not None:
         return declared  # type: ignore[no-any-return]
+    cls = getattr(type(optimizer), "adapted_from", type(optimizer))
     if cls.__module__.startswith("torch.optim") and cls.__name__ in TORCH_FACTS:
-        return _TORCH_RULES.get(TORCH_FACTS[cls.__name__][2])
+        return _torch_rule(cls.__name__) if cls.__name__ in TORCH_STATE else None
     return None
 
 
@@ -70,31 +85,103 @@ def torch_adafactor_shapes(group: Mapping[str, Any], param: Tensor) -> dict[str,
     return {"row_var": shape[:-1] + (1,), "col_var": shape[:-2] + (1, shape[-1])}
 
 
-#: torch's classes by how they couple elements: elementwise updates keep
-#: elementwise moments, and so does the per-tensor Muon (its momentum); Adafactor
-#: keeps factors; LBFGS's global history is not judged.
-_TORCH_RULES: dict[str, Rule] = {"elementwise": ELEMENTWISE, "per_tensor": ELEMENTWISE, "factored": torch_adafactor_shapes}
+@functools.cache
+def _torch_rule(name: str) -> Callable[[Mapping[str, Any], Tensor], dict[str, tuple[int, ...]]]:
+    """The callable rule :data:`TORCH_STATE` spells for ``name``."""
+    keys = []
+    for token in TORCH_STATE[name].split():
+        key, _, flag = token.partition("?")
+        keys.append((key.removesuffix("()"), key.endswith("()"), flag or None))
+    factored = name == "Adafactor"
+
+    def rule(group: Mapping[str, Any], param: Tensor) -> dict[str, tuple[int, ...]]:
+        shapes = {key: () if scalar else tuple(param.shape) for key, scalar, flag in keys if not flag or group.get(flag)}
+        return {**shapes, **torch_adafactor_shapes(group, param)} if factored else shapes
+
+    rule.__qualname__ = f"torch.optim.{name}'s state"
+    return rule
 
 
-def check_state_dict(optimizer: Any, state_dict: Mapping[str, Any], saved_shapes: Any = None) -> None:
-    """A :class:`ConfigError` naming the first parameter whose saved state cannot
-    be right for it, before anything loads."""
+def check_state_dict(
+    optimizer: Any,
+    state_dict: Mapping[str, Any],
+    saved_shapes: Any = None,
+    overrides: Mapping[str, Any] | None = None,
+    check_group: GroupCheck | None = None,
+) -> None:
+    """A :class:`ConfigError` naming the first param group, parameter or state
+    that cannot be right for ``optimizer``, before anything loads. ``check_group``
+    validates a group's values as a config of its owner would be (the contract
+    passes its schema check); ``overrides`` are the values the load will set."""
     groups, state = _structure(optimizer, state_dict)
-    rule = state_rule(optimizer)
+    located: list[tuple[str, Mapping[str, Any]]] = []
     position = 0
-    for g, (saved, group) in enumerate(zip(groups, optimizer.param_groups)):
-        for i, (index, param) in enumerate(zip(saved["params"], group["params"])):
+    for g, (saved, live) in enumerate(zip(groups, optimizer.param_groups)):
+        owner = optimizer.part_for(live) if hasattr(optimizer, "part_for") else optimizer
+        group = _group_after_load(saved, live, overrides)
+        if check_group is not None:
+            _check_group(check_group, owner, group, g)
+        rule = state_rule(owner)
+        for i, (index, param) in enumerate(zip(saved["params"], live["params"])):
+            names = live.get("param_names")
+            name = f"{short_repr(names[i], 80)} " if isinstance(names, (list, tuple)) and i < len(names) else ""
+            where = f"parameter {position + i} {name}(#{i} of param group {g}, shape {tuple(param.shape)})"
             problem, tail = _record_problem(param, index, saved_shapes), _OTHER_MODEL
             entry = state.get(index)
+            if problem is None and _unstepped(entry) and isinstance(saved_shapes, Mapping) and index in saved_shapes:
+                problem, tail = "the checkpoint's record says it had state, and the state has none for it", _DAMAGED
             if problem is None and entry is not None:
                 problem, tail = _entry_problem(param, entry, rule, group)
             if problem:
                 raise ConfigError(
-                    f"The state_dict does not fit this optimizer's parameters: parameter {position + i} (param "
-                    f"group {g}, position {i}, shape {tuple(param.shape)}): {problem}. {tail}",
+                    f"The state_dict does not fit this optimizer's parameters: {where}: {problem}. {tail}",
                     problems=[(f"state[{short_repr(index)}]", problem)],
                 )
-        position += len(group["params"])
+            if isinstance(entry, Mapping):
+                located.append((where, entry))
+        position += len(live["params"])
+    _check_tensors(located)
+
+
+def _group_after_load(saved: Mapping[str, Any], live: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The param group as the optimizer will hold it after the load: torch takes
+    the saved values over the live ones, and the overrides go over both."""
+    values = {k: v for k, v in saved.items() if k != "params"}
+    return {**live, **values, **(overrides or {}), "params": live["params"]}
+
+
+def _check_group(check_group: GroupCheck, owner: Any, group: Mapping[str, Any], g: int) -> None:
+    values = {k: v for k, v in group.items() if isinstance(k, str) and k not in _GROUP_META}
+    try:
+        check_group(owner, values, f"{type(owner).__name__} (param group {g} of the state_dict)")
+    except ConfigError as exc:
+        said = "; ".join(f"{field}: {msg}" for field, msg in exc.problems[:6]) or clean_text(exc, 300)
+        raise ConfigError(
+            f"This state_dict's param group {g} holds values {type(owner).__name__} refuses in a config ({said}). "
+            f"{_DAMAGED} To resume with other values, pass them as load_state_dict(..., optimizer_overrides=...).",
+            problems=[(f"param_groups[{g}].{field}", msg) for field, msg in exc.problems] or [(f"param_groups[{g}]", said)],
+            accepted=exc.accepted, target=exc.target,
+        ) from None
+
+
+def _check_tensors(located: list[tuple[str, Mapping[str, Any]]]) -> None:
+    values = state_values(located)
+    bad = non_finite(values)
+    if bad is not None:
+        where, key, _ = bad
+        raise ConfigError(
+            f"The state_dict's state {short_repr(key)} of {where} holds a NaN or an infinity: the next step would "
+            f"make the parameter non-finite. {_DAMAGED}",
+            problems=[(f"state {where}", f"{clean_text(key, 80)}: not finite")],
+        )
+    shared = sharing_problem(values)
+    if shared is not None:
+        (where, key, _), why = shared
+        raise ConfigError(
+            f"The state_dict's state {short_repr(key)} of {where} is not a tensor of its own: {why}, so one update "
+            f"would write into another's statistics. {_DAMAGED}",
+            problems=[(f"state {where}", f"{clean_text(key, 80)}: shares memory")],
+        )
 
 
 def _structure(optimizer: Any, state_dict: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], Mapping[Any, Any]]:
@@ -109,6 +196,10 @@ def _structure(optimizer: Any, state_dict: Mapping[str, Any]) -> tuple[list[Mapp
         problem = "a param group's 'params' is not a list of parameter indices"
     elif not all(_is_index(i) for g in groups for i in g["params"]):
         problem = "a param group's 'params' holds something other than parameter indices"
+    elif len({i for g in groups for i in g["params"]}) != sum(len(g["params"]) for g in groups):
+        problem = "a parameter index appears twice in its param groups"
+    elif not all(_is_index(i) for i in state):
+        problem = "its 'state' has a key that is not a parameter index"
     if problem:
         raise ConfigError(
             f"This is not an optimizer state_dict: {problem}. {_DAMAGED}", problems=[("state_dict", problem)]
@@ -129,6 +220,11 @@ def _structure(optimizer: Any, state_dict: Mapping[str, Any]) -> tuple[list[Mapp
                 problems=[(f"param_groups[{g}]", f"missing {missing}")],
             )
     return list(groups), state  # type: ignore[arg-type]
+
+
+def _unstepped(entry: Any) -> bool:
+    """No state, or only ``None`` values: the parameter has not stepped (torch starts it fresh)."""
+    return entry is None or (isinstance(entry, Mapping) and all(v is None for v in entry.values()))
 
 
 def _required(value: Any) -> bool:
@@ -154,18 +250,32 @@ def _record_problem(param: Tensor, index: Any, saved_shapes: Any) -> str | None:
 
 
 def _entry_problem(param: Tensor, entry: Any, rule: Rule, group: Mapping[str, Any]) -> tuple[str | None, str]:
+    """What is wrong with one parameter's saved state, and what to do about it."""
     if not isinstance(entry, Mapping):
         return f"its state is {short_repr(entry, 40)}, not a mapping", _DAMAGED
-    expected: Mapping[str, Sequence[int]] | None = None
-    if callable(rule):
-        expected = rule(group, param)
-    for key, value in entry.items():
+    if not all(isinstance(key, str) for key in entry):
+        return f"its state has a key that is not a name ({short_repr(list(entry), 60)})", _DAMAGED
+    present = [key for key, value in entry.items() if value is not None]  # None: absent (older torch's SGD)
+    try:
+        expected = rule(group, param) if callable(rule) and present else None
+    except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+        return f"its param group's values do not fit this optimizer ({type(exc).__name__}: {clean_text(exc, 120)})", _DAMAGED
+    if expected is not None:
+        problem = _keys_problem(present, expected)
+        if problem:
+            return problem, _DAMAGED if any(k in expected for k in present) else _OTHER_MODEL
+    for key in present:
+        value = entry[key]
         if key == "step":
             problem = _step_problem(value)
             if problem:
                 return problem, _DAMAGED
             continue
+        want = tuple(expected[key]) if expected is not None else None
         if not isinstance(value, Tensor):
+            if expected is not None and (want or not _finite_number(value)):
+                kind = f"a tensor of shape {want}" if want else "a finite number or a 0-dim tensor"
+                return f"state {short_repr(key)} is {short_repr(value, 40)}, not {kind}", _DAMAGED
             continue
         if (
             value.shape == param.shape
@@ -173,18 +283,32 @@ def _entry_problem(param: Tensor, entry: Any, rule: Rule, group: Mapping[str, An
             and str(value.dtype).removeprefix("torch.") not in _QUANTISED
         ):
             return f"state {short_repr(key)} is {value.dtype} and the parameter {param.dtype} (floating vs integer)", _OTHER_MODEL
-        if value.dim() == 0 or rule is None:
+        if want is None and (value.dim() == 0 or rule is None):
             continue
-        if expected is not None and key not in expected:
-            return (
-                f"state {short_repr(key)} (shape {tuple(value.shape)}) is not one this optimizer keeps "
-                f"(it keeps {sorted(expected)} for this parameter)",
-                _OTHER_MODEL,
-            )
-        want = tuple(expected[key]) if expected is not None else tuple(param.shape)
+        want = tuple(param.shape) if want is None else want
         if tuple(value.shape) != want:
             return f"state {short_repr(key)} has shape {tuple(value.shape)}, expected {want}", _OTHER_MODEL
     return None, _OTHER_MODEL
+
+
+def _keys_problem(present: list[str], expected: Shapes) -> str | None:
+    """A missing or unknown key, with the close names: ``exp_avgg`` for ``exp_avg``."""
+    missing = [k for k in expected if k not in present]
+    unknown = [k for k in present if k not in expected]
+    if not missing and not unknown:
+        return None
+    parts = []
+    if unknown:
+        parts.append(f"state {', '.join(map(short_repr, unknown[:4]))} is not one this optimizer keeps")
+    if missing:
+        close = {k: difflib.get_close_matches(k, unknown, n=1, cutoff=0.6) for k in missing}
+        said = [f"{short_repr(k)} (saved as {short_repr(close[k][0])}?)" if close[k] else short_repr(k) for k in missing]
+        parts.append(f"state {', '.join(said[:4])} is missing, so the step would restart it from zero or fail")
+    return f"{'; '.join(parts)} (it keeps {sorted(expected)} for this parameter)"
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _step_problem(value: Any) -> str | None:

@@ -60,6 +60,14 @@ def disjoint(spans: Iterable[tuple[int, int]]) -> bool:
     return _first_overlap([(start, start + size, i) for i, (start, size) in enumerate(spans) if start and size]) is None
 
 
+def _extent(t: Any) -> int:
+    """How many elements from ``t``'s first to its last, for any strides (its
+    ``numel`` when contiguous, the test kernels' inputs take)."""
+    if t.is_contiguous():
+        return int(t.numel())
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+
+
 def _first_overlap(spans: list[tuple[int, int, int]]) -> tuple[int, int] | None:
     """The indices of two of these ``(start, end, index)`` spans that overlap, or ``None``."""
     spans.sort()
@@ -70,14 +78,16 @@ def _first_overlap(spans: list[tuple[int, int, int]]) -> tuple[int, int] | None:
 
 
 def overlap_problem(named: dict[str, Any]) -> str | None:
-    """Which two of these contiguous tensors share memory, or ``None``. Kernels
-    take their pointers as ``restrict`` (no two alias, so their loops vectorize),
-    and torch allows the aliasing anyway (``p.grad = p.detach()``): such tensors
-    must go through torch ops, whose results are defined for it. Empty tensors
-    and ``None`` hold no memory and overlap nothing."""
+    """Which two of these tensors share memory, or ``None``. Kernels take their
+    pointers as ``restrict`` (no two alias, so their loops vectorize), and torch
+    allows the aliasing anyway (``p.grad = p.detach()``): such tensors must go
+    through torch ops, whose results are defined for it. A strided tensor spans
+    the bytes from its first to its last element (two interleaved slices of one
+    buffer count as sharing it). Empty tensors and ``None`` hold no memory and
+    overlap nothing."""
     tensors = list(named.values())
     pair = _first_overlap([
-        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), i)
+        (t.data_ptr(), t.data_ptr() + _extent(t) * t.element_size(), i)
         for i, t in enumerate(tensors) if t is not None and t.numel()
     ])  # fmt: skip
     if pair is None:

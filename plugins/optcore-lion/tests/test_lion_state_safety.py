@@ -27,8 +27,8 @@ def test_loading_state_of_another_model_names_the_parameter(saved, loaded, impl)
     state = _trained_state(saved, **impl)
     model = nn.Linear(loaded, loaded)
     opt = Lion(model.named_parameters(), lr=1e-3, **impl)
-    with pytest.raises(ConfigError, match=rf"'weight' \(#0 of param group 0, shape \({loaded}, {loaded}\)\) has "
-                       rf"shape \({saved}, {saved}\)"):
+    with pytest.raises(ConfigError, match=rf"'weight' \(#0 of param group 0, shape \({loaded}, {loaded}\)\): state "
+                       rf"'exp_avg' has shape \({saved}, {saved}\)"):
         opt.load_state_dict(state)
     assert not opt.state  # nothing was loaded
 
@@ -136,6 +136,6 @@ def test_wrapped_lion_refuses_state_of_another_model(wrapper, saved, loaded):
     opt.step()
     state = opt.state_dict()
     model, opt = build(loaded)
-    match = "fp32 buffer" if wrapper == "FP16Optimizer" else rf"shape \({loaded}, {loaded}\)\) has shape"
+    match = "fp32 buffer" if wrapper == "FP16Optimizer" else rf"shape \({loaded}, {loaded}\)\): .*shape \({saved}, {saved}\)"
     with pytest.raises(ConfigError, match=match):
         opt.load_state_dict(state)

@@ -233,7 +233,7 @@ class Adafactor(Optimizer):
                 param=self._where(group, p),
             )
         state = self.state.get(p)
-        for key in self.state_shapes(group, p) if state else ():
+        for key in state_shapes(p, group["beta1"]) if state else ():
             value = state.get(key)
             if value is not None and not isinstance(value, Tensor):
                 raise StepError(
@@ -252,7 +252,7 @@ class Adafactor(Optimizer):
         if isinstance(step, Tensor) and not torch.compiler.is_compiling():
             state["step"] = int(step.item())  # left by a traced step: eager steps count in Python
         dtype = torch.float32 if p.dtype in LOW_PRECISION else p.dtype
-        for key, shape in self.state_shapes(group, p).items():
+        for key, shape in state_shapes(p, group["beta1"]).items():
             value = state.get(key)
             if value is None:
                 state[key] = torch.zeros(shape, device=p.device, dtype=dtype)
@@ -338,12 +338,13 @@ class Adafactor(Optimizer):
         update = self._compiled if group["implementation"] == "compiled" else adafactor_update
         update(*tensors, step=state["step"], **hparams)
 
-    #: read by optcore when a state_dict loads: the state tensors of a parameter and their shapes
+    #: read by optcore when a state_dict loads (and by every step): the state a stepped parameter keeps
     @staticmethod
-    def state_shapes(group: dict[str, Any], p: Tensor) -> dict[str, torch.Size]:
+    def state_shapes(group: dict[str, Any], p: Tensor) -> dict[str, Any]:
         """Factored statistics for two or more dims, the full second moment
-        otherwise, and the first moment only with beta1."""
-        return state_shapes(p, group["beta1"])
+        otherwise, the first moment only with beta1, and the step count and
+        RMS of the parameter (numbers or 0-dim tensors)."""
+        return {**state_shapes(p, group["beta1"]), "step": (), "RMS": ()}
 
     def _where(self, group: dict[str, Any], p: Tensor) -> str:
         """How an error names ``p``, as the contract's preamble does: by name
@@ -360,14 +361,11 @@ class Adafactor(Optimizer):
         state_dict: Mapping[str, Any],
         optimizer_overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        """Load a state dict, with ``optimizer_overrides`` validated like a config
-        first; the state of fp16/bf16 parameters stays fp32 (torch casts floating
-        state to the parameter's dtype on load, which would flush small
-        second-moment statistics to zero in fp16)."""
-        if optimizer_overrides:
-            for saved in state_dict["param_groups"]:
-                merged = {**self.defaults, **saved, **optimizer_overrides}
-                validate_hparams(self.config_schema, {k: merged[k] for k in self.config_schema.model_fields}, "Adafactor")
+        """Load a state dict (the contract validates each group with
+        ``optimizer_overrides`` like a config, and judges the state by
+        :meth:`state_shapes`, before anything loads); the state of fp16/bf16
+        parameters stays fp32 (torch casts floating state to the parameter's
+        dtype on load, which would flush small second-moment statistics to zero in fp16)."""
         super().load_state_dict(state_dict, optimizer_overrides)
         for group in self.param_groups:  # a checkpoint of Hugging Face's lacks our switches
             for key, value in self.defaults.items():

@@ -30,6 +30,8 @@ momentum update, unless ``gain()`` asks for the coming step's gain first (then
 
 from __future__ import annotations
 
+import math
+import reprlib
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -55,6 +57,10 @@ _PICKLED = ("world_size", "_fsdp", "num_gradients_to_accumulate", "is_scaled_los
 #: AdaScale's own hyper-parameters: global, so they live on the optimizer, not in param groups.
 _GLOBAL_HPARAMS = ("num_gradients_to_accumulate", "scale", "smoothing", "is_scaled_loss", "debias_ewma")
 _ESTIMATES = ("grad_sqr_avg", "grad_var_avg")
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _squared_norm(t: Tensor) -> Tensor:
@@ -158,8 +164,12 @@ class AdaScaleSGD(Optimizer):
     sharding: ClassVar[str] = "global"
     #: under FSDP2 the statistics are all-reduced over the shards and ranks, once per step
     reduces_sharded_statistics: ClassVar[bool] = True
-    #: read by optcore when a state_dict loads: momentum_buffer has the parameter's shape
-    state_shapes: ClassVar[str] = "elementwise"
+    #: read by optcore when a state_dict loads (and by every step): the state a stepped parameter keeps
+    @staticmethod
+    def state_shapes(group: Mapping[str, Any], p: Tensor) -> dict[str, tuple[int, ...]]:
+        """The momentum buffer, of the parameter's shape, where the group has momentum."""
+        return {"momentum_buffer": tuple(p.shape)} if group.get("momentum") else {}
+
     #: GradScaler hands over grad_scale / found_inf instead of unscaling .grad, which
     #: keeps the hook-recorded and the final gradients on the same scale.
     _step_supports_amp_scaling = True
@@ -645,31 +655,57 @@ class AdaScaleSGD(Optimizer):
     def _group_numel(self) -> list[int]:
         return [sum(p.numel() for p in g["params"]) for g in self.param_groups]
 
-    def _check_saved(self, saved: Mapping[str, Any]) -> None:
-        """Refuse AdaScale estimates measured on other parameters: they are sums
-        over each group's elements, so another model's would set a wrong gain."""
+    def _check_saved(self, saved: Any) -> None:
+        """Refuse AdaScale estimates measured on other parameters (they are sums
+        over each group's elements, so another model's would set a wrong gain),
+        and counters and estimates no run produces: a scale that is not finite
+        and > 0, a negative or non-finite progress (the scale-invariant step
+        count) or sample count, a NaN or infinite estimate."""
+        if not isinstance(saved, Mapping):
+            raise ConfigError(
+                f"AdaScaleSGD.load_state_dict: the checkpoint's 'adascale' entry is {reprlib.repr(saved)}, "
+                "not AdaScale's estimates. The checkpoint is damaged or was edited; load it as it was saved, "
+                "or drop its 'adascale' entry to start the estimates afresh.",
+                problems=[("adascale", "not a mapping")], target="AdaScaleSGD",
+            )
         n = len(self.param_groups)
-        problems = []
+        problems = [(f"adascale.{key}", "missing") for key in ("scale", "progress") if key not in saved]
+        for key, low in (("scale", 0.0), ("progress", None)):
+            value = saved.get(key, 1.0)
+            if not _finite_number(value) or (value <= low if low is not None else value < 0):
+                problems.append((f"adascale.{key}", f"{reprlib.repr(value)}, not a finite number "
+                                 + ("> 0" if low is not None else ">= 0")))
         numel = saved.get("group_numel")
-        if numel is not None and list(numel) != self._group_numel():
-            problems.append(("adascale.group_numel", f"checkpoint {list(numel)}, this optimizer {self._group_numel()}"))
+        if numel is not None and (not isinstance(numel, (list, tuple)) or list(numel) != self._group_numel()):
+            problems.append(("adascale.group_numel", f"checkpoint {reprlib.repr(numel)}, this optimizer "
+                             f"{self._group_numel()}"))
         for key, value in saved.items():
+            name = key if isinstance(key, str) and key.isidentifier() else reprlib.repr(key)
             if key in ("scale", "progress", "group_numel"):
                 continue
-            shape = tuple(torch.as_tensor(value).shape)
+            if not isinstance(key, str) or not any(key == e or key.startswith(e + "_") for e in _ESTIMATES):
+                problems.append((f"adascale.{name}", "not an AdaScale estimate"))
+                continue
+            if not isinstance(value, Tensor) and not _finite_number(value):
+                problems.append((f"adascale.{name}", f"{reprlib.repr(value)}, not a tensor or a number"))
+                continue
+            tensor = torch.as_tensor(value)
+            shape = tuple(tensor.shape)
             want = (1,) if key.endswith("_count") else (n,)
             if key.endswith("_count") and shape == ():
                 shape = (1,)
-            if not any(key == e or key.startswith(e + "_") for e in _ESTIMATES):
-                problems.append((f"adascale.{key}", "not an AdaScale estimate"))
-            elif shape != want:
-                problems.append((f"adascale.{key}", f"shape {shape}, expected {want} ({n} param groups)"))
+            if shape != want:
+                problems.append((f"adascale.{name}", f"shape {shape}, expected {want} ({n} param groups)"))
+            elif tensor.is_complex() or not bool(torch.isfinite(tensor.double()).all()):
+                problems.append((f"adascale.{name}", "not finite real numbers"))
+            elif key.endswith("_count") and bool((tensor < 0).any()):
+                problems.append((f"adascale.{name}", "a negative count"))
         if problems:
             raise ConfigError(
                 "AdaScaleSGD.load_state_dict: the checkpoint's AdaScale estimates belong to a different model "
-                "(the numbers of parameter elements or param groups differ: "
+                "(the numbers of parameter elements or param groups differ) or were edited: "
                 + "; ".join(f"{k}: {m}" for k, m in problems)
-                + "). Load it into the model it was saved from, "
+                + ". Load it into the model it was saved from, "
                 "or drop its 'adascale' entry to start the estimates afresh.",
                 problems=problems,
                 target="AdaScaleSGD",

@@ -13,6 +13,7 @@ never left to the caller.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -447,11 +448,27 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
     ) -> None:
         """Load a state dict from :meth:`state_dict` (or a bare inner-optimizer
         one); ``optimizer_overrides`` replaces hyper-parameters of the loaded groups."""
+        if not isinstance(state_dict, Mapping):
+            raise ConfigError(f"{type(self).__name__}.load_state_dict takes a state_dict (a mapping), got "
+                              f"{type(state_dict).__name__}.", target=type(self).__name__)
         sd = dict(state_dict)
         info = sd.pop(WRAPPER_KEY, None) or {}
         scaler_state = sd.pop(SCALER_KEY, None)
         fairseq_scale = sd.pop("loss_scale", None)
         extras = self._pop_extras(sd)
+        if not isinstance(info, Mapping):
+            raise ConfigError(
+                f"{type(self).__name__} cannot load this state: its {WRAPPER_KEY!r} entry is a "
+                f"{type(info).__name__}, not the wrapper's layout. The checkpoint is damaged or was edited; load it as "
+                "it was saved.", problems=[(WRAPPER_KEY, "not a mapping")], target=type(self).__name__,
+            )
+        if scaler_state is None and fairseq_scale is not None and not _positive_finite(fairseq_scale):
+            raise ConfigError(
+                f"{type(self).__name__} cannot load this state: its loss_scale is {repr(fairseq_scale)[:40]}, not a "
+                "finite number > 0 (every step would overflow or be skipped). The checkpoint is damaged or was "
+                "edited; load it as it was saved.", problems=[("loss_scale", "not a finite number > 0")],
+                target=type(self).__name__,
+            )
         self._check_layout(info)
         self._check_extras(extras)  # before anything is loaded: a failed load changes nothing
         if self.scaler is not None and scaler_state is not None:
@@ -471,8 +488,9 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
                 exc.problems, target=type(self).__name__,
             ) from exc
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            said = repr(f"{type(exc).__name__}: {exc}"[:300])[1:-1]  # its text may quote the checkpoint's: escaped
             raise ConfigError(
-                f"{type(self).__name__} cannot load this optimizer state: {exc}. {self._layout_hint()}",
+                f"{type(self).__name__} cannot load this optimizer state: {said}. {self._layout_hint()}",
                 target=type(self).__name__,
             ) from exc
         if self.scaler is not None:
@@ -529,3 +547,7 @@ class PrecisionWrapper(ContractMixin, torch.optim.Optimizer):
                 "time; as it is, training runs in the parameters' own precision, with the wrapper's overhead.",
                 stacklevel=3,
             )
+
+
+def _positive_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0

@@ -270,13 +270,21 @@ class DynamicLossScaler:
         try:
             if missing:
                 raise ValueError(f"it lacks {missing}")
-            values = {k: int(state[k]) if k != "loss_scale" else float(state[k]) for k in _DYNAMIC_KEYS}
-            recent = [bool(o) for o in state.get("recent_overflows", ())][-HISTORY:]
+            values = {k: _count(k, state[k]) if k != "loss_scale" else float(state[k]) for k in _DYNAMIC_KEYS}
+            recent = state.get("recent_overflows", ())
+            if not isinstance(recent, (list, tuple)) or len(recent) > 16 * HISTORY:
+                raise ValueError(f"its recent_overflows is a {type(recent).__name__} of {len(recent)}, not a short list")
+            recent = [bool(o) for o in recent][-HISTORY:]
             if not math.isfinite(values["loss_scale"]) or values["loss_scale"] <= 0:
                 raise ValueError(f"its loss_scale is {values['loss_scale']}, not a finite number > 0")
+            steps = values["iter"]
+            for key, low in (("last_overflow_iter", -1), ("last_rescale_iter", -1), ("overflows_since_rescale", 0),
+                             ("skipped_steps", 0)):
+                if not low <= values[key] <= steps:
+                    raise ValueError(f"its {key} is {values[key]}, not between {low} and iter ({steps})")
         except (TypeError, ValueError, OverflowError) as exc:
             raise ConfigError(
-                f"The loss scaler state cannot be loaded: {str(exc)[:200]}. It is not from "
+                f"The loss scaler state cannot be loaded: {repr(str(exc)[:200])[1:-1]}. It is not from "
                 "DynamicLossScaler.state_dict(), or it was edited; load the checkpoint as it was saved.",
                 problems=[("loss_scaler", "bad state")],
             ) from None
@@ -288,3 +296,13 @@ class DynamicLossScaler:
             f"scale_window={self.scale_window}, tolerance={self.tolerance:g}, threshold={self.threshold}, "
             f"min_loss_scale={self.min_loss_scale:g}, skipped_steps={self.skipped_steps})"
         )
+
+
+def _count(key: str, value: Any) -> int:
+    """A counter of the loss scaler's state: a whole number (``iter`` >= 0), not
+    a fraction that ``int()`` would cut, nor a flag."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        raise ValueError(f"its {key} is {value!r:.40}, not a whole number")
+    if key == "iter" and value < 0:
+        raise ValueError(f"its iter is {value}, not a step count >= 0")
+    return int(value)

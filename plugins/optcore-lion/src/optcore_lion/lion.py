@@ -95,8 +95,12 @@ class Lion(Optimizer):
     sharding: ClassVar[str] = "elementwise"  # each element's update is its own: steps a shard alone
     #: read by optcore's plan: fused=True over FSDP2's DTensors runs the C kernel on each rank's local shards
     fused_steps_local_shards: ClassVar[bool] = True
-    #: exp_avg has the parameter's shape (checked by load_state_dict and by every step)
-    state_shapes: ClassVar[str] = "elementwise"
+    @staticmethod
+    def state_shapes(group: dict[str, Any], p: Tensor) -> dict[str, tuple[int, ...]]:
+        """The state a stepped parameter keeps, read by optcore when a state_dict
+        loads and by every step: the momentum, of the parameter's shape."""
+        return {"exp_avg": tuple(p.shape)}
+
     _step_supports_amp_scaling = True  # read by torch.amp.GradScaler: we unscale and skip ourselves
     #: for optcore.testing: a usable lr, and every parameter dtype Lion steps (fp16/bf16 with fp32 momentum)
     conformance_inputs: ClassVar[dict[str, Any]] = {
@@ -139,28 +143,14 @@ class Lion(Optimizer):
                 group.setdefault(key, self.defaults.get(key, LionConfig.model_fields[key].default))
 
     def load_state_dict(self, state_dict: dict[str, Any], optimizer_overrides: dict[str, Any] | None = None) -> None:
-        """As torch's, except that fp16/bf16 parameters keep their fp32 momentum
-        (torch would cast it to the parameter's dtype), and that momentum of
-        another shape than its parameter (a checkpoint of another model) is a
-        ConfigError naming the parameter, raised before anything is loaded."""
+        """As the contract's (which judges the state by :meth:`state_shapes` before
+        anything loads), except that fp16/bf16 parameters keep their fp32 momentum
+        (torch would cast it to the parameter's dtype)."""
+        super().load_state_dict(state_dict, optimizer_overrides)
         saved = state_dict["state"]
         ids = [i for group in state_dict["param_groups"] for i in group["params"]]
-        saved_groups = state_dict["param_groups"]
-        if [len(g["params"]) for g in saved_groups] == [len(g["params"]) for g in self.param_groups]:
-            for index, (saved_group, group) in enumerate(zip(saved_groups, self.param_groups)):
-                for i, (pid, p) in enumerate(zip(saved_group["params"], group["params"])):
-                    m = saved.get(pid, {}).get("exp_avg")
-                    if isinstance(m, Tensor) and m.shape != p.shape:
-                        raise ConfigError(
-                            f"Lion cannot load this state: the momentum (exp_avg) saved for {_where(index, group, i, p)} "
-                            f"has shape {tuple(m.shape)}. The checkpoint is of another model (or the parameters are "
-                            "in another order); load it into the model it was saved from.",
-                            problems=[("state", f"exp_avg shape {tuple(m.shape)} != parameter {tuple(p.shape)}")],
-                            target="Lion",
-                        )
-        super().load_state_dict(state_dict, optimizer_overrides)
         for i, p in zip(ids, (p for group in self.param_groups for p in group["params"])):
-            if p.dtype in _LOW_PRECISION and i in saved and "exp_avg" in saved[i]:
+            if p.dtype in _LOW_PRECISION and isinstance(saved.get(i, {}).get("exp_avg"), Tensor):
                 self.state[p]["exp_avg"] = saved[i]["exp_avg"].to(device=p.device, dtype=torch.float32)
 
     @torch.no_grad()
