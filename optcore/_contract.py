@@ -199,6 +199,11 @@ class ContractMixin:
                 problems=[("state_dict", type(exc).__name__)],
             ) from exc
         _dcp.loaded(self, in_groups)
+        for group in self.param_groups:  # a switch an older checkpoint lacks: this optimizer's own default
+            owner = self.part_for(group) if hasattr(self, "part_for") else self
+            for key, value in owner.defaults.items():
+                if key != "params":
+                    group.setdefault(key, value)
         if overrides:
             for group in self.param_groups:
                 for key, value in overrides.items():

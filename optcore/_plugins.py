@@ -133,15 +133,20 @@ def _scan(path: tuple[str, ...]) -> dict[str, tuple[PluginEntry, ...]]:
             if not dist or not version:
                 dist, version = _metadata_header(info_dir)
                 dist = dist or stem
-            if seen.seen_before(dist, version, info_dir):
+            declared = {g: items for g, items in _parse_entry_points(text).items() if g.startswith("optcore.")}
+            if seen.seen_before(dist, version, info_dir, _declares(declared)):
                 continue
             dist = dist.replace("_", "-").replace(".", "-").lower()
-            for group, items in _parse_entry_points(text).items():
-                if group.startswith("optcore."):
-                    found.setdefault(group, []).extend(PluginEntry(n, v, group, dist, version) for n, v in items)
+            for group, items in declared.items():
+                found.setdefault(group, []).extend(PluginEntry(n, v, group, dist, version) for n, v in items)
     clash = seen.clashes()
     return {g: tuple(dataclasses.replace(e, clash=clash.get(dist_key(e.distribution or ""))) for e in items)
             for g, items in found.items()}
+
+
+def _declares(groups: dict[str, list[tuple[str, str]]]) -> frozenset[tuple[str, str, str]]:
+    """``(group, name, value)`` of each entry point, as :class:`~optcore.distributions.Copies` compares copies."""
+    return frozenset((group, name, value.strip()) for group, items in groups.items() for name, value in items)
 
 
 def _scan_with_metadata(entry: str, found: dict[str, list[PluginEntry]], seen: Copies) -> None:
@@ -149,11 +154,11 @@ def _scan_with_metadata(entry: str, found: dict[str, list[PluginEntry]], seen: C
 
     for dist in sorted(metadata.distributions(path=[entry]), key=lambda d: normalize(d.metadata["Name"] or "")):
         name = dist.metadata["Name"]
-        if seen.seen_before(name or "", dist.version, entry):
+        points = [ep for ep in dist.entry_points if ep.group.startswith("optcore.")]
+        if seen.seen_before(name or "", dist.version, entry, frozenset((ep.group, ep.name, ep.value) for ep in points)):
             continue
-        for ep in dist.entry_points:
-            if ep.group.startswith("optcore."):
-                found.setdefault(ep.group, []).append(PluginEntry(ep.name, ep.value, ep.group, name, dist.version))
+        for ep in points:
+            found.setdefault(ep.group, []).append(PluginEntry(ep.name, ep.value, ep.group, name, dist.version))
 
 
 @functools.lru_cache(maxsize=None)

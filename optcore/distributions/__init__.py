@@ -47,14 +47,17 @@ class Copies:
     """The copies of each distribution name, in the order they were found."""
 
     def __init__(self) -> None:
-        self._found: dict[str, list[tuple[str, str | None, str]]] = {}  # key: (name as spelt, version, folder)
+        # key: (name as spelt, version, folder, the optcore entry points it declares)
+        self._found: dict[str, list[tuple[str, str | None, str, frozenset[tuple[str, str, str]]]]] = {}
 
-    def seen_before(self, name: str, version: str | None, where: str) -> bool:
-        """Records ``name`` found at ``where``; whether a copy of that name was found before."""
+    def seen_before(self, name: str, version: str | None, where: str,
+                    declares: frozenset[tuple[str, str, str]] = frozenset()) -> bool:
+        """Records ``name`` found at ``where``, declaring the ``(group, name, value)``
+        entry points ``declares``; whether a copy of that name was found before."""
         copies = self._found.setdefault(dist_key(name), [])
-        if copies and any(os.path.realpath(w) == os.path.realpath(where) for _, _, w in copies):
+        if copies and any(os.path.realpath(c[2]) == os.path.realpath(where) for c in copies):
             return True  # that folder again, through another sys.path entry
-        copies.append((name, version, where))
+        copies.append((name, version, where, declares))
         return len(copies) > 1
 
     def clashes(self) -> dict[str, str]:
@@ -65,13 +68,18 @@ class Copies:
         ``direct_url.json`` names the project folder as editable, and the
         ``.egg-info`` setuptools writes inside that folder, which the editable
         ``.pth`` puts on ``sys.path``. A copy inside the folder another copy of
-        the same name installs as editable is that copy, not a look-alike."""
+        the same name installs as editable is that copy, not a look-alike.
+
+        Copies that declare the same entry points are not ambiguous either (a
+        source checkout on ``PYTHONPATH`` beside its installed wheel): an entry
+        point names a module that ``sys.path`` finds whichever copy declared
+        it, so either copy loads the same code."""
         found = {}
         for key, copies in self._found.items():
             if len(copies) > 1:
-                projects = [d for d in (_editable_project(w) for _, _, w in copies) if d is not None]
+                projects = [d for d in (_editable_project(c[2]) for c in copies) if d is not None]
                 copies = [c for c in copies if not any(_inside(c[2], d) for d in projects)] or copies[:1]
-            if len(copies) > 1:
+            if len(copies) > 1 and len({c[3] for c in copies}) > 1:
                 found[key] = _why(copies)
         return found
 
@@ -99,8 +107,8 @@ def _inside(folder: str, project: str) -> bool:
     return path != project and path.startswith(project.rstrip(os.sep) + os.sep)
 
 
-def _why(copies: list[tuple[str, str | None, str]]) -> str:
-    shown = " and ".join(f"{name}{f' {version}' if version else ''} at {where}" for name, version, where in copies)
+def _why(copies: list[tuple[str, str | None, str, frozenset[tuple[str, str, str]]]]) -> str:
+    shown = " and ".join(f"{name}{f' {version}' if version else ''} at {where}" for name, version, where, _ in copies)
     return (
         f"{len(copies)} distributions on sys.path have one normalized name: {shown}; optcore loads neither. "
         "Uninstall the one you do not use (pip uninstall), or take its folder off PYTHONPATH/sys.path"

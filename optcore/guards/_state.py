@@ -213,7 +213,8 @@ def _structure(optimizer: Any, state_dict: Mapping[str, Any]) -> tuple[list[Mapp
             problems=[("param_groups", f"sizes {saved_sizes} != {sizes}")],
         )
     for g, (saved, group) in enumerate(zip(groups, optimizer.param_groups)):  # type: ignore[arg-type]
-        missing = sorted(k for k, v in group.items() if k not in saved and k in optimizer.defaults and _required(v))
+        defaults = (optimizer.part_for(group) if hasattr(optimizer, "part_for") else optimizer).defaults
+        missing = sorted(k for k, v in group.items() if k not in saved and k in defaults and _required(v))
         if missing:
             raise ConfigError(
                 f"This state_dict's param group {g} has no {missing}, which this optimizer's steps read. {_DAMAGED}",

@@ -227,7 +227,12 @@ def test_an_editable_install_and_the_egg_info_in_its_project_are_one_distributio
     try:
         assert plugins.clashes() == []
         assert isinstance(optcore.build_optimizer("EditableOpt", model), torch.optim.SGD)
-        # the same .egg-info beside a dist-info that is not editable (or names another project) is a look-alike
+        # with other entry points, the same .egg-info beside a dist-info that is not editable (or names another
+        # project) is a look-alike
+        (src / "optcore_editable.egg-info" / "entry_points.txt").write_text(
+            "[optcore.optimizers]\nEditableOpt = optcore_editable_other:Opt\n")
+        plugins.refresh()
+        assert plugins.clashes() == []
         (info / "direct_url.json").write_text(json.dumps({"dir_info": {}, "url": project.as_uri()}))
         plugins.refresh()
         assert len(plugins.clashes()) == 1
@@ -239,12 +244,27 @@ def test_an_editable_install_and_the_egg_info_in_its_project_are_one_distributio
         sys.modules.pop("optcore_editable_mod", None)
 
 
+def test_copies_that_declare_the_same_entry_points_are_one_distribution(tmp_path, on_path, model):
+    """A source checkout on PYTHONPATH beside its installed wheel (setuptools leaves an .egg-info in src/):
+    each entry point names a module sys.path finds whichever copy declared it, so nothing is ambiguous."""
+    eps = {"optcore.optimizers": {"SameOpt": "optcore_same_mod:Opt"}}
+    _dist(tmp_path / "src", "optcore_same.egg-info", "optcore-same", "0.2", eps, "optcore_same_mod", SGD_LIKE)
+    _dist(tmp_path / "site", "optcore_same-0.2.dist-info", "optcore_same", "0.2", eps)
+    on_path(tmp_path / "site")
+    on_path(tmp_path / "src", first=False)
+    try:
+        assert plugins.clashes() == []
+        assert isinstance(optcore.build_optimizer("optcore-same:SameOpt", model), torch.optim.SGD)
+    finally:
+        sys.modules.pop("optcore_same_mod", None)
+
+
 def test_optcore_list_reports_a_look_alike_and_lists_the_rest(tmp_path, on_path, capsys):
     from optcore.cli import main
 
     real, fake = tmp_path / "site", tmp_path / "pythonpath"
     _dist(real, "optcore_listed-0.1.dist-info", "optcore-listed", "0.1", {"optcore.optimizers": {"Listed": "m:Opt"}})
-    _dist(fake, "Optcore_Listed-9.dist-info", "Optcore_Listed", "9", {"optcore.optimizers": {"Listed": "m:Opt"}})
+    _dist(fake, "Optcore_Listed-9.dist-info", "Optcore_Listed", "9", {"optcore.optimizers": {"Listed": "evil:Opt"}})
     on_path(real)
     on_path(fake)
     assert main(["list", "--flags"]) == 0
