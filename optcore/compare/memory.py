@@ -73,16 +73,37 @@ def factory_from_spec(spec: str) -> Callable[[], nn.Module]:
     return fn
 
 
+#: a transformers config.json is a few KiB; layers: the largest published models have a few hundred
+MAX_HF_CONFIG_BYTES = 1024 * 1024
+MAX_HF_LAYERS = 4096
+
+
 def factory_from_hf_config(path: str) -> Callable[[], nn.Module]:
     """A ``transformers`` model from its ``config.json`` (or the folder holding it), no weights."""
     try:
         import transformers
     except ImportError:
         raise ConfigError("--hf-config needs transformers: pip install transformers.") from None
-    try:
+    from pathlib import Path
+
+    from .._values import clean_text
+
+    shown = clean_text(path, 300)
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    if file.is_file() and file.stat().st_size > MAX_HF_CONFIG_BYTES:
+        raise ConfigError(f"--hf-config {shown!r}: over {MAX_HF_CONFIG_BYTES // 1024} KiB, not a transformers "
+                          "config.json.", problems=[("hf-config", "too large")])  # fmt: skip
+    try:  # trust_remote_code stays off: a config's auto_map names code, which is not run
         config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--hf-config {path!r}: cannot read it as a transformers config ({exc}).") from None
+    except Exception as exc:  # noqa: BLE001 - transformers' own validation raises its own classes (huggingface_hub's)
+        raise ConfigError(f"--hf-config {shown!r}: cannot read it as a transformers config "
+                          f"({type(exc).__name__}: {clean_text(exc, 300)}).") from None  # fmt: skip
+    for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
+        layers = getattr(config, key, None)
+        if isinstance(layers, int) and not 0 <= layers <= MAX_HF_LAYERS:
+            raise ConfigError(f"--hf-config {shown!r}: {key} = {layers}, over the {MAX_HF_LAYERS} layers any model "
+                              "has; building it would not end in reasonable time.",
+                              problems=[(key, "too many layers")])  # fmt: skip
 
     def build() -> nn.Module:
         try:  # initialising weights is most of the build time, and meta tensors have none to set
@@ -97,7 +118,11 @@ def factory_from_hf_config(path: str) -> Callable[[], nn.Module]:
                     return auto.from_config(config)
             except ValueError:
                 continue
-        raise ConfigError(f"--hf-config {path!r}: transformers has no model class for {type(config).__name__}.")
+            except (TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError,
+                    RuntimeError) as exc:  # a config.json of values the model cannot be built from
+                raise ConfigError(f"--hf-config {shown!r}: transformers cannot build {type(config).__name__} from it "
+                                  f"({type(exc).__name__}: {clean_text(exc, 300)}).") from None  # fmt: skip
+        raise ConfigError(f"--hf-config {shown!r}: transformers has no model class for {type(config).__name__}.")
 
     return build
 

@@ -128,7 +128,7 @@ def check_state_dict(
             where = f"parameter {position + i} {name}(#{i} of param group {g}, shape {tuple(param.shape)})"
             problem, tail = _record_problem(param, index, saved_shapes), _OTHER_MODEL
             entry = state.get(index)
-            if problem is None and _unstepped(entry) and isinstance(saved_shapes, Mapping) and index in saved_shapes:
+            if problem is None and entry is None and isinstance(saved_shapes, Mapping) and index in saved_shapes:
                 problem, tail = "the checkpoint's record says it had state, and the state has none for it", _DAMAGED
             if problem is None and entry is not None:
                 problem, tail = _entry_problem(param, entry, rule, group)
@@ -221,11 +221,6 @@ def _structure(optimizer: Any, state_dict: Mapping[str, Any]) -> tuple[list[Mapp
                 problems=[(f"param_groups[{g}]", f"missing {missing}")],
             )
     return list(groups), state  # type: ignore[arg-type]
-
-
-def _unstepped(entry: Any) -> bool:
-    """No state, or only ``None`` values: the parameter has not stepped (torch starts it fresh)."""
-    return entry is None or (isinstance(entry, Mapping) and all(v is None for v in entry.values()))
 
 
 def _required(value: Any) -> bool:

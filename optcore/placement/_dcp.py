@@ -42,9 +42,8 @@ def add_records(optimizer: Any, state_dict: Any) -> Any:
     shapes: dict[int, list[int]] = {}
     for saved, group in zip(state_dict["param_groups"], optimizer.param_groups):
         for index, param in zip(saved.get("params", ()), group["params"]):
-            entry = state_dict.get("state", {}).get(index)
-            if entry is not None and (not isinstance(entry, Mapping) or any(v is not None for v in entry.values())):
-                shapes[index] = list(param.shape)  # it has stepped
+            if index in state_dict.get("state", {}):
+                shapes[index] = list(param.shape)
     # a plain str: torch's TorchVersion would not load with weights_only=True
     version = None if spec.version is None else str.__str__(spec.version)
     record = dict(name=spec.name, provider=spec.provider, version=version)
