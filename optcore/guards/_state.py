@@ -128,7 +128,7 @@ def check_state_dict(
             where = f"parameter {position + i} {name}(#{i} of param group {g}, shape {tuple(param.shape)})"
             problem, tail = _record_problem(param, index, saved_shapes), _OTHER_MODEL
             entry = state.get(index)
-            if problem is None and entry is None and isinstance(saved_shapes, Mapping) and index in saved_shapes:
+            if problem is None and not entry and isinstance(saved_shapes, Mapping) and index in saved_shapes:
                 problem, tail = "the checkpoint's record says it had state, and the state has none for it", _DAMAGED
             if problem is None and entry is not None:
                 problem, tail = _entry_problem(param, entry, rule, group)
