@@ -106,9 +106,7 @@ class ImportPaths:
         )
 
     def _trusted_tops(self) -> set[str]:
-        """Packages a resolution imports anyway: torch, the known optimizer packages, installed plugins."""
-        plugins = {e.value.partition(":")[0].strip().partition(".")[0] for e in entry_points(self.group) if not e.clash}
-        return {"torch", *(p.top_level for p in KNOWN_PACKAGES), *plugins}
+        return trusted_tops(self.group)
 
     def _not_judged(self, module: str, attr: str, text: str) -> Exception:
         origin = locate(module)
@@ -147,3 +145,10 @@ class ImportPaths:
                 problems=[("type", "import failed")],
                 target=text,
             ) from exc
+
+
+def trusted_tops(*groups: str) -> set[str]:
+    """Top-level packages a resolution imports anyway: torch, the known optimizer
+    packages, and the installed plugins of ``groups`` (not a look-alike's)."""
+    plugins = {e.value.partition(":")[0].strip().partition(".")[0] for g in groups for e in entry_points(g) if not e.clash}
+    return {"torch", *(p.top_level for p in KNOWN_PACKAGES), *plugins}

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from .._values import clean_text
+from .text import shown
 
 DEFAULT_STEPS = 300
 DEFAULT_OUT = "optcore-compare"
@@ -120,8 +122,6 @@ def _join_command(url: str, study: str) -> str:
     """The command that joins sweep ``study`` in the storage at ``url`` as it is."""
     import shlex
 
-    from .._values import clean_text
-
     return f"optcore compare --storage {shlex.quote(_hide_password(url))} --study {shlex.quote(clean_text(study, 200))}"
 
 
@@ -197,7 +197,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.task and not joining and meta["task"]["spec"] != args.task:
         raise ConfigError(
             f"The comparison {args.study!r} in this storage is a sweep of the task "
-            f"{_shown_text(meta['task']['spec'])!r}, not of {args.task!r}. Run the same --task as the other workers "
+            f"{clean_text(meta['task']['spec'])!r}, not of {args.task!r}. Run the same --task as the other workers "
             "(or give only --storage and --study), or start a new one with another --study.",
             problems=[("task", "differs from the stored sweep")],
         )
@@ -214,7 +214,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if own_target is not None:
         stored = meta.get("target")
         started = ("without a --target (it sets one from the runs)" if not stored
-                   else "with --target " + ",".join(f"{_shown(task)}={loss:g}" for task, loss in stored.items()))
+                   else "with --target " + ",".join(f"{shown(task)}={loss:g}" for task, loss in stored.items()))
         console.print(f"[yellow]Note[/yellow]: this worker scores by its own --target {args.target}; the sweep "
                       f"{args.study!r} was started {started}, and `optcore compare report` scores by that.",
                       highlight=False)  # fmt: skip
@@ -249,7 +249,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     per_config = _planned_per_config(sweep)
     try:
         with Progress(*columns, console=console, disable=args.quiet) as progress:
-            bars = {name: progress.add_task(_shown(name, 22), total=n * settings.steps, loss="-", at="", start=False)
+            bars = {name: progress.add_task(shown(name, 22), total=n * settings.steps, loss="-", at="", start=False)
                     for name, n in per_config.items()}  # fmt: skip
             done_steps: dict[str, int] = dict.fromkeys(per_config, 0)
 
@@ -290,7 +290,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 done_steps[claimed.config] += settings.steps
                 show(claimed, 0)
                 if result["status"] not in ("ok", "pruned"):
-                    progress.update(bars[claimed.config], description=f"{_shown(claimed.config, 15)} {result['status']}")
+                    progress.update(bars[claimed.config], description=f"{shown(claimed.config, 15)} {result['status']}")
                 write_results(out / "results.json", document())  # an interrupted run keeps what finished
 
             sweep.run(execute, jobs=jobs, admit=admit, finished=finished)
@@ -301,7 +301,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     show_comparison(doc, out, console, target)
     _print_skipped(sweep, console)
     if doc["cut"]:
-        console.print(f"[yellow]Budget[/yellow]: {_shown(doc['cut'], 2000)}", highlight=False)
+        console.print(f"[yellow]Budget[/yellow]: {shown(doc['cut'], 2000)}", highlight=False)
     if doc["interrupted"]:
         console.print(f"[yellow]Interrupted[/yellow]: kept the {finished_trials(doc)} finished runs of "
                       f"{doc['sweep']['planned_trials']}; the same command resumes the sweep.")  # fmt: skip
@@ -313,18 +313,6 @@ def finished_trials(doc: Mapping[str, Any]) -> int:
     tuned = doc.get("tuned") or {}
     tuning = sum(len(s["trials"]) for record in tuned.get("optimizers", {}).values() for s in record["studies"])
     return len(doc["results"]) + tuning + len(tuned.get("results", []))
-
-
-def _shown(value: Any, limit: int = 200) -> str:
-    from .text import shown
-
-    return shown(value, limit)
-
-
-def _shown_text(value: Any, limit: int = 200) -> str:
-    from .._values import clean_text
-
-    return clean_text(value, limit)
 
 
 def _console() -> Any:

@@ -19,8 +19,7 @@ from typing import Any
 
 from optcore import ConfigError, OptcoreError
 
-from .._packages import KNOWN_PACKAGES
-from .._plugins import entry_points
+from .._import_paths import trusted_tops
 from .._registry import OPTIMIZERS, resolve
 from .._values import clean_text
 from ..guards import without_imports
@@ -52,10 +51,8 @@ def entry_code(entry: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _trusted_tops() -> set[str]:
-    """Top-level packages a resolution imports anyway: torch, optcore, known optimizer packages, plugins."""
-    groups = (OPTIMIZERS.group, SCHEDULERS.group)
-    plugins = {e.value.partition(":")[0].strip().partition(".")[0] for g in groups for e in entry_points(g)}
-    return {"torch", "optcore", *(p.top_level for p in KNOWN_PACKAGES), *plugins}
+    """:func:`optcore._import_paths.trusted_tops` of optimizers and schedulers, and optcore itself."""
+    return {"optcore", *trusted_tops(OPTIMIZERS.group, SCHEDULERS.group)}
 
 
 def _top(text: str) -> str:
@@ -78,7 +75,8 @@ def imports_nothing_foreign(kind: str, text: Any) -> bool:
         return not path or _top(text) in _trusted_tops()
     if spec.source != "package":
         return True  # torch's, optcore's, a plugin's or a name registered in this process
-    return _top(str(spec.qualified)) in _trusted_tops() and (not path or _top(text) in _trusted_tops())
+    tops = _trusted_tops()
+    return _top(str(spec.qualified)) in tops and (not path or _top(text) in tops)
 
 
 @dataclass(frozen=True)
