@@ -101,21 +101,37 @@ def _flat() -> Any:
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+#: the ways a resume loads: the model before the optimizer's template is made,
+#: both templates first, and torch's combined get_state_dict/set_state_dict
+#: (which loads the optimizer before the model)
+WAYS = ("model-first", "together", "combined")
+
+
 def _load(
-    model: nn.Module, opt: Any, path: str, *, model_first: bool = True, options: Any = None
+    model: nn.Module, opt: Any, path: str, *, model_first: bool = True, options: Any = None, way: str | None = None
 ) -> list[torch.Tensor]:
     """Load ``path`` the way DCP's docs do; with ``model_first`` the model is
     loaded before the optimizer's template is made (DCP's init step then runs on
-    the loaded weights). Returns the parameters right after the model loaded."""
+    the loaded weights); ``way="combined"``: torch's ``get_state_dict`` and
+    ``set_state_dict``. Returns the parameters right after the model loaded."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+        get_model_state_dict, get_optimizer_state_dict, get_state_dict, set_model_state_dict,
+        set_optimizer_state_dict, set_state_dict,
     )
 
+    way = way or ("model-first" if model_first else "together")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = None
-        if model_first:
+        if way == "combined":
+            model_state, optim_state = get_state_dict(model, opt, options=options)
+            state = {"model": model_state, "optim": optim_state}
+            dcp.load(state, checkpoint_id=path)
+            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                           options=options)
+            return _params(model)
+        if way == "model-first":
             state = {"model": get_model_state_dict(model)}
             dcp.load(state, checkpoint_id=path)
             set_model_state_dict(model, state["model"])
@@ -124,7 +140,7 @@ def _load(
         else:
             state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
         dcp.load(state, checkpoint_id=path)
-        if not model_first:
+        if way == "together":
             set_model_state_dict(model, state["model"])
             loaded = _params(model)
         set_optimizer_state_dict(model, opt, state["optim"], options=options)
@@ -139,9 +155,9 @@ def _assert_equal(got: list[torch.Tensor], want: list[torch.Tensor], what: str, 
 
 
 # ------------------------------------------------------------------ one process
-@pytest.mark.parametrize("model_first", [True, False], ids=["model-first", "together"])
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_dcp_resumes_every_optimizer_exactly(name: str, model_first: bool, tmp_path: Path) -> None:
+def test_dcp_resumes_every_optimizer_exactly(name: str, way: str, tmp_path: Path) -> None:
     _available(name)
     straight = _model()
     straight_opt = _build(name, straight)
@@ -155,7 +171,7 @@ def test_dcp_resumes_every_optimizer_exactly(name: str, model_first: bool, tmp_p
 
     resumed = _model(seed=7)
     resumed_opt = _build(name, resumed)
-    loaded = _load(resumed, resumed_opt, str(tmp_path), model_first=model_first)
+    loaded = _load(resumed, resumed_opt, str(tmp_path), way=way)
     _assert_equal(loaded, saved, "DCP's init step moved the loaded parameters")
     _assert_equal(_params(resumed), saved, "the parameters after the optimizer loaded")
     if name == "AdaScaleSGD":  # its estimator, kept outside state, came back
@@ -345,11 +361,14 @@ def _fp16_config(flat: bool) -> dict[str, Any]:
             "optimizer": {"type": "torch:AdamW", "lr": 1e-2}}
 
 
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("flat", [False, True], ids=["per-tensor", "flat"])
-def test_fp16_optimizer_resumes_with_its_masters_and_loss_scale(flat: bool, tmp_path: Path) -> None:
+def test_fp16_optimizer_resumes_with_its_masters_and_loss_scale(flat: bool, way: str, tmp_path: Path) -> None:
     """The fp32 masters, one per model parameter (a flat copy's are given per
     parameter to DCP, and its state sliced), and the loss scaler travel in the
-    first group's record (the scale grew after the first step)."""
+    first group's record (the scale grew after the first step). Loaded in any
+    order: torch's ``set_state_dict`` loads the model after the optimizer, and
+    its writes of the rounded masters must not replace the fp32 masters."""
     try:
         optcore.resolve("optcore-fp16:FP16Optimizer").target
     except (optcore.OptimizerNotFoundError, optcore.PluginLoadError) as exc:
@@ -365,11 +384,13 @@ def test_fp16_optimizer_resumes_with_its_masters_and_loss_scale(flat: bool, tmp_
     _save(model, opt, str(tmp_path))
     resumed = _fp16_model(seed=7)
     resumed_opt = optcore.build_optimizer(config, resumed)
-    _load(resumed, resumed_opt, str(tmp_path))
+    _load(resumed, resumed_opt, str(tmp_path), way=way)
     assert (resumed_opt.loss_scale, resumed_opt.skipped_steps) == (opt.loss_scale, opt.skipped_steps)
+    _fp16_train(resumed, resumed_opt, range(3, 4))  # the first step takes the model's edits, if any
+    _fp16_train(model, opt, range(3, 4))
     masters = [t for m in resumed_opt._masters for t in m.tensors]
     assert all(torch.equal(a, b) for a, b in zip(masters, (t for m in opt._masters for t in m.tensors)))
-    _fp16_train(resumed, resumed_opt, range(3, 5))
+    _fp16_train(resumed, resumed_opt, range(4, 5))
     _assert_equal(_params(resumed), _params(straight), "FP16Optimizer resumed through DCP")
 
 

@@ -62,8 +62,9 @@ class _Masters:
 
     @torch.no_grad()
     def take_edits(self) -> None:
-        """Weights changed since :meth:`mark` become the fp32 copy's value
-        (not seen under torch.compile, nor right after a compiled step)."""
+        """Weights changed since :meth:`mark` to another value than the copy's
+        rounding become the fp32 copy's value (not seen under torch.compile,
+        nor right after a compiled step)."""
         if self.seen is None or torch.compiler.is_compiling():
             self.mark()
             return
@@ -75,8 +76,12 @@ class _Masters:
                     f"A parameter of shape {tuple(v.shape)} was replaced by one of shape {tuple(p.shape)} after "
                     "FP16Optimizer was built; build the optimizer again for the new model."
                 )
-        if changed:
-            torch._foreach_copy_([v for _, v in changed], [p.detach() for p, _ in changed])
+        # A write of the value the copy already rounds to (a checkpoint loading the
+        # model after the optimizer, as DCP's set_state_dict does) is not an edit:
+        # the fp32 copy keeps the bits the half-precision weight cannot hold.
+        edited = [(p, v) for p, v in changed if not torch.equal(p.detach(), v.to(p.dtype))]
+        if edited:
+            torch._foreach_copy_([v for _, v in edited], [p.detach() for p, _ in edited])
         self.mark()
 
     def __getstate__(self) -> dict[str, Any]:
