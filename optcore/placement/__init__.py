@@ -15,7 +15,7 @@ things, and after it nothing but one dictionary look-up:
   the first real step unless a checkpoint loads over it, so the first real
   step is that of a fresh optimizer.
 * **Replaced parameters.** A wrapper that swaps the parameters for tensors
-  of other shapes (DeepSpeed ZeRO-1/2's flat partitions) is refused by
+  of other shapes (DeepSpeed ZeRO's flat partitions, any stage) is refused by
   :func:`check_not_reshaped` unless the update is elementwise.
 * **Replicated statistics.** An optimizer whose ``sharding`` is ``"global"``
   (its update uses statistics over every gradient, AdaScale's gain) is only
@@ -134,8 +134,8 @@ def _reduces_over_shards(optimizer: Any) -> bool:
 
 def check_not_reshaped(optimizer: Any) -> None:
     """A :class:`ConfigError` when parameters the optimizer was built on were
-    replaced by tensors of other shapes (DeepSpeed ZeRO-1/2 hands the client
-    optimizer one flat 1-D partition per group) and its update is not
+    replaced by tensors of other shapes (DeepSpeed's ZeRO stages hand the
+    client optimizer flat 1-D partitions of each group) and its update is not
     elementwise: a factored second moment would become an unfactored one, a
     per-tensor or global statistic one over a slice. Replacements of the same
     shapes (a precision wrapper's per-tensor fp32 copies), added groups and a
@@ -154,7 +154,8 @@ def check_not_reshaped(optimizer: Any) -> None:
     raise ConfigError(
         f"{name} was built on parameters of shapes {gone[:4]}{' ...' if len(gone) > 4 else ''} and is asked to "
         f"step tensors of shapes {came[:4]}{' ...' if len(came) > 4 else ''} in their place: a wrapper replaced "
-        "them (DeepSpeed ZeRO-1/2 hands its client optimizer one flat 1-D partition per param group). "
+        "them (DeepSpeed's ZeRO stages 1, 2 and 3 hand the client optimizer flat 1-D partitions of each param "
+        "group). "
         f"{name}'s update is not elementwise (sharding={sharding!r}): over a flat slice it computes something "
         "else than over the tensors. Build it through optcore.integrations.deepspeed (which refuses what cannot "
         "work before any collective), use ZeRO stage 0, or an elementwise optimizer (AdamW, SGD, Lion).",

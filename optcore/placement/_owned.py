@@ -43,12 +43,15 @@ def layout_problem(params: list[Tensor]) -> str | None:
     from torch.distributed.tensor import Shard
 
     sharded = [p for p in params if is_dtensor(p)]
-    meshes = {id(p.device_mesh) for p in sharded}
+    # by what a mesh is (device type, ranks, shape, dimension names), as DeviceMesh
+    # compares: each fully_shard call without mesh= makes its own equal mesh
+    meshes = {p.device_mesh for p in sharded}
     odd = [tuple(p.shape) for p in sharded if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),)]
     if odd:
         return f"{len(odd)} parameters are not sharded as {_FSDP2} (shapes {odd[:4]}; HSDP or tensor parallelism)"
     if len(meshes) > 1:
-        return f"the parameters live on {len(meshes)} different device meshes"
+        return (f"the parameters live on {len(meshes)} different device meshes (other ranks, shapes or dimension "
+                "names); shard them all over one mesh")
     return None
 
 

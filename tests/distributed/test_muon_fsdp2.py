@@ -88,7 +88,24 @@ def _dcp(model: nn.Module, opt: Any, path: str, load: bool) -> None:
         set_optimizer_state_dict(model, opt, state["optim"])
 
 
-def _trained(ns: Any, root: str, rank: int, world: int) -> dict[str, Any]:
+def _shard(model: nn.Module, world: int, docs_way: bool) -> None:
+    """``fully_shard`` on one shared mesh, or as docs/distributed.md does: per block,
+    then the root, each call with a mesh of its own, equal to the others (as
+    ``fully_shard`` without ``mesh=`` makes in torch versions that do not cache
+    its default mesh)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if docs_way:
+        for block in model.blocks:
+            if any(True for _ in block.parameters()):
+                fully_shard(block, mesh=init_device_mesh("cpu", (world,)))
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    else:
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+
+
+def _trained(ns: Any, root: str, rank: int, world: int, docs_way: bool = False) -> dict[str, Any]:
     """Muon + AdamW on FSDP2 shards, half a batch per rank: the parameters after
     each step, and a DCP checkpoint after step ``SAVED``."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -99,7 +116,7 @@ def _trained(ns: Any, root: str, rank: int, world: int) -> dict[str, Any]:
     _muon._zeropower_via_newtonschulz = ns or original
     try:
         model = tiny()
-        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+        _shard(model, world, docs_way)
         opt = optcore.build_optimizer(MUON_ADAMW, model)
         half = slice(2 * rank, 2 * rank + 2)
         trace = []
@@ -116,7 +133,7 @@ def _trained(ns: Any, root: str, rank: int, world: int) -> dict[str, Any]:
         sources = {"resumed": root, **({"from_one": str(Path(root).parent / "one")} if ns else {})}
         for key, path in sources.items():
             model = tiny(seed=7)
-            fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+            _shard(model, world, docs_way)
             opt = optcore.build_optimizer(MUON_ADAMW, model)
             _dcp(model, opt, path, load=True)
             for i in range(SAVED, STEPS):
@@ -222,6 +239,13 @@ def _worker(rank: int, world: int, root: str) -> dict[str, Any]:
         out["galore"] = f"{type(exc).__name__}: {exc}"
     out["bf16"] = _trained(None, str(Path(root, "bf16")), rank, world)
     out["float32"] = _trained(float32_ns, str(Path(root, "float32")), rank, world)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from optcore.placement import layout_problem
+
+    equal = [DeviceMesh("cpu", list(range(world))) for _ in range(2)]  # two objects, one mesh
+    out["equal_meshes"] = layout_problem([DTensor.from_local(torch.ones(2, 3), m, [Shard(0)]) for m in equal])
+    out["docs_way"] = _trained(float32_ns, str(Path(root, "docs_way")), rank, world, docs_way=True)
     return out
 
 
@@ -287,6 +311,20 @@ def test_training_on_half_batches_equals_one_process_on_the_full_batch(ranks: An
         for step, (a, b) in enumerate(zip(got[ns]["trace"], want, strict=True)):
             assert _worst(a, b) <= tolerance, (ns, step, _worst(a, b))
     assert results[0][ns]["trace"][-1][1].equal(results[1][ns]["trace"][-1][1])  # every rank has the same matrices
+
+
+def test_the_docs_fsdp2_example_with_a_mesh_per_call_equals_one_process(ranks: Any) -> None:
+    """``fully_shard(block)`` per block and ``fully_shard(model)``, each on a
+    DeviceMesh of its own, equal to the others: Muon + AdamW steps them as one
+    mesh (it was refused as "3 different device meshes")."""
+    results, _ = ranks
+    _, _, want = _one_process(float32_ns, range(STEPS))
+    for got in results:
+        assert got["equal_meshes"] is None  # meshes compared by what they are, not by identity
+        assert got["docs_way"]["parts"] == {"Muon": "ShardedMuon", "AdamW": "AdamW"}
+        for step, (a, b) in enumerate(zip(got["docs_way"]["trace"], want, strict=True)):
+            assert _worst(a, b) <= 1e-5, (step, _worst(a, b))
+        assert _worst(got["docs_way"]["resumed"], want[-1]) <= 1e-5
 
 
 def test_galore_on_fsdp2_shards_is_refused_saying_why_and_what_works(ranks: Any) -> None:

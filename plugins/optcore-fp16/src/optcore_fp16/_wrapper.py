@@ -123,7 +123,7 @@ def non_finite(tensors: Sequence[Tensor], unscale: float = 1.0) -> bool:
     write) is checked through a copy."""
     if unscale == 1.0:
         tensors = [t.contiguous() if not t.is_contiguous() and overlaps_itself(t) else t for t in tensors]
-    meshes = {id(t.device_mesh): t.device_mesh for t in tensors if _is_dtensor(t)}
+    meshes = {t.device_mesh: t.device_mesh for t in tensors if _is_dtensor(t)}  # equal meshes vote once
     if meshes:  # FSDP2's shards: each rank checks (and unscales) its local shard, and the ranks vote
         tensors = [t.to_local() if _is_dtensor(t) else t for t in tensors]
     found = []
