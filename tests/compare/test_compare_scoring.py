@@ -59,11 +59,56 @@ def test_time_to_target_is_the_first_index_at_or_below(losses, target):
 
 
 # ------------------------------------------------------------------ targets
-def test_reference_target_is_the_best_median_of_each_references_best_losses():
+def test_share_zero_is_algoperfs_best_median_of_each_references_best_losses():
     # A: median(1.0, 1.2, 1.1) = 1.1; B: median(0.9, 2.0, failed=inf) = 2.0
-    assert scoring.reference_target({"A": [1.0, 1.2, 1.1], "B": [0.9, 2.0, None]}) == (1.1, "A")
-    assert scoring.reference_target({"A": [2.0], "B": [1.5]}) == (1.5, "B")  # one seed: the best run
-    assert scoring.reference_target({"A": [None], "B": []}) is None
+    assert scoring.reference_target({"A": [1.0, 1.2, 1.1], "B": [0.9, 2.0, None]}, share=0) == (1.1, "A")
+    assert scoring.reference_target({"A": [2.0], "B": [1.5]}, share=0) == (1.5, "B")  # one seed: the best run
+    assert scoring.reference_target({"A": [None], "B": []}, share=0) is None
+
+
+def test_the_default_target_is_the_loss_three_in_four_configs_reach():
+    best = {"A": [1.0], "B": [1.2, 1.4, 1.3], "C": [1.5], "D": [2.0], "E": [1.1]}  # medians 1.0 1.3 1.5 2.0 1.1
+    # ceil(0.75 x 5) = 4: the 4th lowest median, C's 1.5; A, E, B and C are at or below it, D is not
+    assert scoring.REACH_SHARE == 0.75 and scoring.reference_target(best) == (1.5, "C")
+    assert scoring.reference_target(best, share=1.0) == (2.0, "D")  # every config's best: the worst one
+    assert scoring.reference_target(best, share=0.5) == (1.3, "B")  # ceil(2.5) = 3
+    assert scoring.reference_target({f"c{i}": [float(i)] for i in range(10)}, share=0.7) == (6.0, "c6")  # 7, not 8
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        scoring.reference_target(best, share=1.5)
+
+
+def test_the_default_target_when_configs_diverge_tie_or_stand_alone():
+    diverged = [None, math.nan, math.inf]
+    assert scoring.reference_target({"A": [None], "B": [math.nan], "C": [math.inf, None], "D": []}) is None
+    # a config that failed on half of its seeds or more has no median: it neither sets nor loosens the target
+    assert scoring.reference_target({"A": [1.0], "B": [2.0], "X": [0.5, None], "Y": diverged}) == (2.0, "B")
+    assert scoring.reference_target({"only": [3.0, 2.0, None]}) == (3.0, "only")  # one config: its own median
+    assert scoring.reference_target({"only": [1.7]}, share=0) == (1.7, "only")
+    # ties: one loss, named by the first name in order, whatever the mapping's order
+    tied = {"B": [1.0], "A": [1.0], "C": [1.0], "D": [3.0]}
+    assert scoring.reference_target(tied) == (1.0, "C")  # ceil(3) = 3: A, B, C
+    assert scoring.reference_target(tied, share=0) == (1.0, "A")
+    assert scoring.reference_target(dict(reversed(tied.items())), share=0.5) == (1.0, "B")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.text("abcdef", min_size=1, max_size=3),
+                    st.lists(st.one_of(st.none(), st.floats(0.0, 10.0)), min_size=1, max_size=4), max_size=8),
+    st.floats(0.0, 1.0),
+)  # fmt: skip
+def test_the_target_is_the_lowest_loss_that_the_share_of_finite_configs_is_at_or_below(best, share):
+    found = scoring.reference_target(best, share)
+    medians = [np.median([math.inf if v is None else v for v in vs]) for vs in best.values()]
+    finite = [m for m in medians if math.isfinite(m)]
+    if not finite:
+        assert found is None
+        return
+    loss, name = found
+    need = max(1, math.ceil(share * len(finite) - 1e-9))
+    assert sum(m <= loss for m in finite) >= need  # that share reaches it (their medians are at or below) ...
+    assert sum(m < loss for m in finite) < need  # ... and no lower loss would do
+    assert np.median([math.inf if v is None else v for v in best[name]]) == loss
 
 
 def test_parse_targets():
@@ -182,16 +227,21 @@ def test_summarise_sets_the_target_from_the_references_and_scores_tasks_together
         "B": [_run(0, [3.0, 1.4, 1.1], "a"), _run(1, [3.0, 1.3, 1.3], "a")],  # no run on task b: a miss
     }
     s = scoring.summarise(runs, target={"b": 4.5})
-    # task a: medians of best losses A 1.1, B 1.2 -> 1.1, set by A; task b: given
-    assert s["targets"]["a"] == {"loss": pytest.approx(1.1), "source": "reference", "set_by": "A"}
+    # task a: medians of best losses A 1.1, B 1.2; ceil(0.75 x 2) = 2 -> 1.2, set by B; task b: given
+    assert s["targets"]["a"] == {"loss": pytest.approx(1.2), "source": "reference", "set_by": "B", "share": 0.75}
     assert s["targets"]["b"]["source"] == "given"
     assert [(p["task"], p["seed"]) for p in s["problems"]] == [("a", 0), ("a", 1), ("b", 0)]
-    assert [r["steps"] for r in s["optimizers"]["A"]["reach"]] == [20, None, 10]
-    assert [r["steps"] for r in s["optimizers"]["B"]["reach"]] == [20, None, None]  # 1.1 <= 1.1 at step 20
+    assert [r["steps"] for r in s["optimizers"]["A"]["reach"]] == [20, 20, 10]
+    assert [r["steps"] for r in s["optimizers"]["B"]["reach"]] == [20, None, None]  # seed 1's best is 1.3
     assert [r["ran"] for r in s["optimizers"]["B"]["reach"]] == [True, True, False]
-    # ratios A 1, miss, 1; B 1, miss, miss -> (3 + 0 + 3) / 9 and 3 / 9
-    assert s["optimizers"]["A"]["score_steps"] == pytest.approx(2 / 3)
+    # ratios A 1, 1, 1; B 1, miss, miss -> 9 / 9 and 3 / 9
+    assert s["optimizers"]["A"]["score_steps"] == pytest.approx(1.0)
     assert s["optimizers"]["B"]["score_steps"] == pytest.approx(1 / 3)
+    # AlgoPerf's best median (share 0): 1.1, set by A, which B reaches on seed 0 only, at its last evaluation
+    best = scoring.summarise(runs, target={"b": 4.5}, share=0)
+    assert best["targets"]["a"] == {"loss": pytest.approx(1.1), "source": "reference", "set_by": "A", "share": 0}
+    assert [r["steps"] for r in best["optimizers"]["A"]["reach"]] == [20, None, 10]
+    assert [r["steps"] for r in best["optimizers"]["B"]["reach"]] == [20, None, None]  # 1.1 <= 1.1 at step 20
     only_b = scoring.summarise(runs, reference=["B"])
     assert only_b["targets"]["a"]["set_by"] == "B" and only_b["targets"]["b"]["loss"] is None
     with pytest.raises(optcore.ConfigError, match="not among"):
@@ -243,8 +293,10 @@ def test_compare_without_a_target_sets_it_from_the_runs(tmp_path, capsys):
     doc = json.loads((out / "results.json").read_text())
     target = doc["scores"]["targets"]["char-lm"]
     best = {r["name"]: r["best"] for r in doc["results"]}
-    assert target["source"] == "reference" and target["loss"] == min(best.values())
+    assert target["source"] == "reference" and target["share"] == scoring.REACH_SHARE
+    assert target["loss"] == max(best.values())  # 2 configs: ceil(0.75 x 2) = 2, both reach it
     assert best[target["set_by"]] == target["loss"]
+    assert all(doc["scores"]["optimizers"][name]["reached"] == 1 for name in best)
     assert not (out / "profile.png").exists()  # one problem: no profile to draw
 
 
