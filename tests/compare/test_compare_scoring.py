@@ -300,6 +300,46 @@ def test_compare_without_a_target_sets_it_from_the_runs(tmp_path, capsys):
     assert not (out / "profile.png").exists()  # one problem: no profile to draw
 
 
+def _separates(scores: dict) -> None:
+    """A time-to-target table that carries information: most configs reach the target,
+    at different times, and their scores differ (neither all equal nor all zero)."""
+    entries = scores["optimizers"]
+    (target,) = scores["targets"].values()
+    assert target["source"] == "reference" and target["loss"] is not None
+    reached = {name: e for name, e in entries.items() if e["reached"]}
+    assert len(reached) >= math.ceil(scoring.REACH_SHARE * len(entries)) - 1, (target, entries)  # most: one may fail
+    assert len(reached) > len(entries) / 2
+    assert len({scoreboard.median_reached(e, "steps") for e in reached.values()}) >= 2  # the reachers differ
+    by_steps = [e["score_steps"] for e in entries.values()]
+    assert len(set(by_steps)) >= 2 and sum(s > 0 for s in by_steps) > len(by_steps) / 2
+    assert 0 < sum(s == 1.0 for s in by_steps) < len(by_steps)  # a fastest, and slower ones
+
+
+def test_the_default_run_committed_in_docs_separates_the_configs():
+    """The README's default run (``optcore compare``, 300 steps, docs/results/compare.json),
+    scored from its stored runs: with the best config's own best loss as target, 10 of its
+    11 configs missed and scored 0."""
+    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "compare.json").read_text())
+    scores = scoring.summarise(scoreboard.runs_by_optimizer(doc))
+    assert len(scores["optimizers"]) == 11
+    _separates(scores)
+    algoperf = scoring.summarise(scoreboard.runs_by_optimizer(doc), share=0)  # the best config's own best loss
+    assert sum(e["reached"] for e in algoperf["optimizers"].values()) == 1
+
+
+def test_the_default_line_up_without_a_target_separates_the_configs(tmp_path, capsys):
+    """``optcore compare`` as ``scripts/dev demo`` runs it (every default config, no
+    --target), over a short budget."""
+    out = tmp_path / "out"
+    assert main(["compare", "--steps", "30", "--in-process", "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((out / "results.json").read_text())
+    assert len(doc["rows"]) >= 4 and all(row["status"] == "ok" for row in doc["rows"])
+    _separates(doc["scores"])
+    table = printed[printed.index("time to target") :]
+    assert table.count(" miss ") < len(doc["rows"]) / 2 and "75% of the configs reach" in " ".join(table.split())
+
+
 def test_a_bad_target_fails_before_anything_runs(tmp_path, capsys):
     assert _compare(tmp_path / "out", "--target", "vision=2") == 1
     assert "not compared here" in capsys.readouterr().err and not (tmp_path / "out").exists()
