@@ -88,7 +88,8 @@ def reference_target(
     """The target set from the runs, and the config whose runs set it.
 
     ``best_losses[name]`` holds, for each run (seed) of config ``name``, the
-    best held-out loss that run reached (None for a failed run). As AlgoPerf
+    best held-out loss that run reached by training (None for a failed run:
+    :func:`trained_best`). As AlgoPerf
     does with its reference runs, each config stands for the median over its
     runs of that best loss (a failed run counts as never reaching anything, so a
     config that failed on half of its seeds or more has none and neither sets
@@ -220,9 +221,19 @@ def _curve(run: Mapping[str, Any]) -> tuple[list[int], list[float | None], list[
     return steps, losses, (list(seconds) if seconds is not None and len(seconds) == len(points) else None)
 
 
-def _best(run: Mapping[str, Any]) -> float | None:
-    finite = [v for _, v in run.get("val_losses") or [] if v is not None and math.isfinite(v)]
-    return min(finite) if finite else None
+def trained_best(run: Mapping[str, Any]) -> float | None:
+    """The best held-out loss a run reached by training, as a target is set from it:
+    the lowest finite loss at an evaluation after step 0. None (a failed run) where
+    there is none, or where it is not below the run's loss before training: a run
+    that diverged at its first steps, or never learned, would otherwise set a target
+    at the untrained loss, which every run meets at step 0."""
+    points = [(int(s), v) for s, v in run.get("val_losses") or [] if v is not None and math.isfinite(v)]
+    later = [v for s, v in points if s > 0]
+    if not later:
+        return None
+    start = [v for s, v in points if s == 0]
+    best = min(later)
+    return None if start and best >= start[0] else best
 
 
 def summarise(
@@ -263,7 +274,7 @@ def summarise(
         if task in given:
             targets[task] = {"loss": float(given[task]), "source": "given", "set_by": None}
             continue
-        best = {name: [_best(r) for r in runs_by_optimizer[name] if str(r.get("task") or "") == task] for name in refs}
+        best = {name: [trained_best(r) for r in runs_by_optimizer[name] if str(r.get("task") or "") == task] for name in refs}
         found = reference_target(best, share)
         targets[task] = {"loss": None if found is None else found[0], "source": "reference",
                          "set_by": None if found is None else found[1], "share": share}  # fmt: skip

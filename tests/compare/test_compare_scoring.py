@@ -248,6 +248,36 @@ def test_summarise_sets_the_target_from_the_references_and_scores_tasks_together
         scoring.summarise(runs, reference=["C"])
 
 
+def test_summarise_when_every_config_diverged_has_no_target_and_says_so():
+    from rich.console import Console
+
+    # A diverged after its first evaluation (step 0, before training), B never had a finite loss,
+    # D never got below its untrained loss, and C failed to build: none of them trained
+    runs = {"A": [_run(0, [3.0, None, None])], "B": [_run(0, [None, None])], "C": [], "D": [_run(0, [3.0, 3.0, 3.2])]}
+    s = scoring.summarise(runs)
+    assert s["targets"][""] == {"loss": None, "source": "reference", "set_by": None, "share": 0.75}
+    assert all(e["reached"] == 0 and e["score_steps"] == 0.0 for e in s["optimizers"].values())
+    console = Console(record=True, width=200)
+    scoreboard.render_scores(s, console, "t")
+    text = console.export_text()
+    assert "no config finished with a finite loss" in text and "Note" not in text
+
+
+def test_a_config_that_did_not_train_neither_sets_the_target_nor_meets_it_at_step_0():
+    """A diverged run's only finite loss is often the one before training: were it its best,
+    a quarter of the configs diverging would set the target there, and every config would
+    meet it at step 0 with the same score."""
+    assert scoring.trained_best(_run(0, [3.0, None, None])) is None
+    assert scoring.trained_best(_run(0, [3.0, 3.0, 3.5])) is None  # never below its loss before training
+    assert scoring.trained_best(_run(0, [3.0, 2.0, None])) == 2.0  # it diverged later: it reached 2.0
+    assert scoring.trained_best({"val_losses": [[5, 2.5], [10, 2.0]]}) == 2.0  # no step-0 evaluation
+    runs = {"ok": [_run(0, [3.0, 2.5, 2.0])], "boom": [_run(0, [3.0, None, None])]}
+    s = scoring.summarise(runs)
+    assert (s["targets"][""]["loss"], s["targets"][""]["set_by"]) == (2.0, "ok")
+    assert [r["steps"] for r in s["optimizers"]["ok"]["reach"]] == [20]
+    assert s["optimizers"]["boom"]["reached"] == 0 and s["optimizers"]["ok"]["score_steps"] == 1.0
+
+
 def test_summarise_counts_the_fastest_of_several_runs_of_one_problem_and_needs_times_for_seconds():
     runs = {"A": [_run(0, [3.0, 2.5, 1.0]), _run(0, [3.0, 1.0, 1.0])], "B": [_run(0, [3.0, 1.0])]}
     del runs["B"][0]["eval_seconds"]
