@@ -546,7 +546,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--lrs", help="run each config at these lrs, e.g. 1e-3,3e-3,1e-2; compare at the best")
     p.add_argument("--target", help="held-out loss to reach: steps and seconds to it, profile and score, e.g. 2.1 or "
                    "char-lm=2.1,vision=0.4 with --task char-lm,vision (several tasks: a comparison each, scored "
-                   "together); default: set from the best config's runs, as AlgoPerf does")  # fmt: skip
+                   "together); default: the loss that 3 in 4 configs reach, set from their runs")  # fmt: skip
     p.add_argument("--budget", help="stay within this wall time (90s, 10m, 1h): later runs are cut, and reported")
     p.add_argument("--out", help=f"directory for the results (default: a new {DEFAULT_OUT}/<date-time>/)")
     p.add_argument("--jobs", type=int, help="runs at a time, each in its own process (default: one per CPU core "

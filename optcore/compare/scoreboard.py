@@ -65,6 +65,16 @@ def median_reached(entry: Mapping[str, Any], by: str) -> float | None:
     return statistics.median(kept) if kept else None
 
 
+def target_origin(target: Mapping[str, Any]) -> str:
+    """Where a target set from the runs came from, in words: ``"the loss 75% of the
+    configs reach, Lion's best"``. An entry stored before targets recorded their
+    ``share`` was set by the best config's runs alone."""
+    share = target.get("share", 0.0)
+    if not share:
+        return f"set by {target['set_by']}'s best runs"
+    return f"the loss {share:.0%} of the configs reach, {target['set_by']}'s best"
+
+
 def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
     """The time-to-target table: per config the problems it solved, the median steps and
     seconds over those, and the score by steps and by seconds (no rank: a score
@@ -76,7 +86,7 @@ def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
     def origin(t: Mapping[str, Any]) -> str:
         if t["source"] == "given":
             return "given"
-        return f"set by {t['set_by']}'s best runs" if t["set_by"] else "no reference finished"
+        return target_origin(t) if t["set_by"] else "no config finished with a finite loss"
 
     targets = "; ".join(f"{shown(task)} {fmt(t['loss'], '.4g')} ({shown(origin(t))})"
                         for task, t in summary["targets"].items())  # fmt: skip
@@ -102,11 +112,14 @@ def render_scores(summary: Mapping[str, Any], console: Any, title: str) -> None:
             fmt(entry["score_steps"], ".3f"), fmt(entry["score_seconds"], ".3f"),
         )  # fmt: skip
     console.print(table)
-    if any(t["source"] == "reference" for t in summary["targets"].values()):
+    shares = {t.get("share", 0.0) for t in summary["targets"].values() if t["source"] == "reference" and t["set_by"]}
+    if shares:
+        share = f"{max(shares):.0%} of the configs" if max(shares) else "the best config"
         console.print(
-            "[yellow]Note[/yellow]: a target set from the runs is the best config's own best held-out loss (the "
-            "median over its seeds), so that config reaches it near the end, and a config within the noise of it "
-            "can miss it. For a comparison of speed, give --target a loss the configs reach mid-training.",
+            f"[yellow]Note[/yellow]: a target set from the runs is the loss that {share} reach: of each config's "
+            "best held-out loss (the median over its seeds), the one that this share of them are at or below. The "
+            "times to it rank the configs that reach it. It moves with the line-up and the machine: to compare runs "
+            "made apart, give --target one loss for all of them.",
             highlight=False,
         )
 

@@ -59,11 +59,56 @@ def test_time_to_target_is_the_first_index_at_or_below(losses, target):
 
 
 # ------------------------------------------------------------------ targets
-def test_reference_target_is_the_best_median_of_each_references_best_losses():
+def test_share_zero_is_algoperfs_best_median_of_each_references_best_losses():
     # A: median(1.0, 1.2, 1.1) = 1.1; B: median(0.9, 2.0, failed=inf) = 2.0
-    assert scoring.reference_target({"A": [1.0, 1.2, 1.1], "B": [0.9, 2.0, None]}) == (1.1, "A")
-    assert scoring.reference_target({"A": [2.0], "B": [1.5]}) == (1.5, "B")  # one seed: the best run
-    assert scoring.reference_target({"A": [None], "B": []}) is None
+    assert scoring.reference_target({"A": [1.0, 1.2, 1.1], "B": [0.9, 2.0, None]}, share=0) == (1.1, "A")
+    assert scoring.reference_target({"A": [2.0], "B": [1.5]}, share=0) == (1.5, "B")  # one seed: the best run
+    assert scoring.reference_target({"A": [None], "B": []}, share=0) is None
+
+
+def test_the_default_target_is_the_loss_three_in_four_configs_reach():
+    best = {"A": [1.0], "B": [1.2, 1.4, 1.3], "C": [1.5], "D": [2.0], "E": [1.1]}  # medians 1.0 1.3 1.5 2.0 1.1
+    # ceil(0.75 x 5) = 4: the 4th lowest median, C's 1.5; A, E, B and C are at or below it, D is not
+    assert scoring.REACH_SHARE == 0.75 and scoring.reference_target(best) == (1.5, "C")
+    assert scoring.reference_target(best, share=1.0) == (2.0, "D")  # every config's best: the worst one
+    assert scoring.reference_target(best, share=0.5) == (1.3, "B")  # ceil(2.5) = 3
+    assert scoring.reference_target({f"c{i}": [float(i)] for i in range(10)}, share=0.7) == (6.0, "c6")  # 7, not 8
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        scoring.reference_target(best, share=1.5)
+
+
+def test_the_default_target_when_configs_diverge_tie_or_stand_alone():
+    diverged = [None, math.nan, math.inf]
+    assert scoring.reference_target({"A": [None], "B": [math.nan], "C": [math.inf, None], "D": []}) is None
+    # a config that failed on half of its seeds or more has no median: it neither sets nor loosens the target
+    assert scoring.reference_target({"A": [1.0], "B": [2.0], "X": [0.5, None], "Y": diverged}) == (2.0, "B")
+    assert scoring.reference_target({"only": [3.0, 2.0, None]}) == (3.0, "only")  # one config: its own median
+    assert scoring.reference_target({"only": [1.7]}, share=0) == (1.7, "only")
+    # ties: one loss, named by the first name in order, whatever the mapping's order
+    tied = {"B": [1.0], "A": [1.0], "C": [1.0], "D": [3.0]}
+    assert scoring.reference_target(tied) == (1.0, "C")  # ceil(3) = 3: A, B, C
+    assert scoring.reference_target(tied, share=0) == (1.0, "A")
+    assert scoring.reference_target(dict(reversed(tied.items())), share=0.5) == (1.0, "B")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.text("abcdef", min_size=1, max_size=3),
+                    st.lists(st.one_of(st.none(), st.floats(0.0, 10.0)), min_size=1, max_size=4), max_size=8),
+    st.floats(0.0, 1.0),
+)  # fmt: skip
+def test_the_target_is_the_lowest_loss_that_the_share_of_finite_configs_is_at_or_below(best, share):
+    found = scoring.reference_target(best, share)
+    medians = [np.median([math.inf if v is None else v for v in vs]) for vs in best.values()]
+    finite = [m for m in medians if math.isfinite(m)]
+    if not finite:
+        assert found is None
+        return
+    loss, name = found
+    need = max(1, math.ceil(share * len(finite) - 1e-9))
+    assert sum(m <= loss for m in finite) >= need  # that share reaches it (their medians are at or below) ...
+    assert sum(m < loss for m in finite) < need  # ... and no lower loss would do
+    assert np.median([math.inf if v is None else v for v in best[name]]) == loss
 
 
 def test_parse_targets():
@@ -182,20 +227,55 @@ def test_summarise_sets_the_target_from_the_references_and_scores_tasks_together
         "B": [_run(0, [3.0, 1.4, 1.1], "a"), _run(1, [3.0, 1.3, 1.3], "a")],  # no run on task b: a miss
     }
     s = scoring.summarise(runs, target={"b": 4.5})
-    # task a: medians of best losses A 1.1, B 1.2 -> 1.1, set by A; task b: given
-    assert s["targets"]["a"] == {"loss": pytest.approx(1.1), "source": "reference", "set_by": "A"}
+    # task a: medians of best losses A 1.1, B 1.2; ceil(0.75 x 2) = 2 -> 1.2, set by B; task b: given
+    assert s["targets"]["a"] == {"loss": pytest.approx(1.2), "source": "reference", "set_by": "B", "share": 0.75}
     assert s["targets"]["b"]["source"] == "given"
     assert [(p["task"], p["seed"]) for p in s["problems"]] == [("a", 0), ("a", 1), ("b", 0)]
-    assert [r["steps"] for r in s["optimizers"]["A"]["reach"]] == [20, None, 10]
-    assert [r["steps"] for r in s["optimizers"]["B"]["reach"]] == [20, None, None]  # 1.1 <= 1.1 at step 20
+    assert [r["steps"] for r in s["optimizers"]["A"]["reach"]] == [20, 20, 10]
+    assert [r["steps"] for r in s["optimizers"]["B"]["reach"]] == [20, None, None]  # seed 1's best is 1.3
     assert [r["ran"] for r in s["optimizers"]["B"]["reach"]] == [True, True, False]
-    # ratios A 1, miss, 1; B 1, miss, miss -> (3 + 0 + 3) / 9 and 3 / 9
-    assert s["optimizers"]["A"]["score_steps"] == pytest.approx(2 / 3)
+    # ratios A 1, 1, 1; B 1, miss, miss -> 9 / 9 and 3 / 9
+    assert s["optimizers"]["A"]["score_steps"] == pytest.approx(1.0)
     assert s["optimizers"]["B"]["score_steps"] == pytest.approx(1 / 3)
+    # AlgoPerf's best median (share 0): 1.1, set by A, which B reaches on seed 0 only, at its last evaluation
+    best = scoring.summarise(runs, target={"b": 4.5}, share=0)
+    assert best["targets"]["a"] == {"loss": pytest.approx(1.1), "source": "reference", "set_by": "A", "share": 0}
+    assert [r["steps"] for r in best["optimizers"]["A"]["reach"]] == [20, None, 10]
+    assert [r["steps"] for r in best["optimizers"]["B"]["reach"]] == [20, None, None]  # 1.1 <= 1.1 at step 20
     only_b = scoring.summarise(runs, reference=["B"])
     assert only_b["targets"]["a"]["set_by"] == "B" and only_b["targets"]["b"]["loss"] is None
     with pytest.raises(optcore.ConfigError, match="not among"):
         scoring.summarise(runs, reference=["C"])
+
+
+def test_summarise_when_every_config_diverged_has_no_target_and_says_so():
+    from rich.console import Console
+
+    # A diverged after its first evaluation (step 0, before training), B never had a finite loss,
+    # D never got below its untrained loss, and C failed to build: none of them trained
+    runs = {"A": [_run(0, [3.0, None, None])], "B": [_run(0, [None, None])], "C": [], "D": [_run(0, [3.0, 3.0, 3.2])]}
+    s = scoring.summarise(runs)
+    assert s["targets"][""] == {"loss": None, "source": "reference", "set_by": None, "share": 0.75}
+    assert all(e["reached"] == 0 and e["score_steps"] == 0.0 for e in s["optimizers"].values())
+    console = Console(record=True, width=200)
+    scoreboard.render_scores(s, console, "t")
+    text = console.export_text()
+    assert "no config finished with a finite loss" in text and "Note" not in text
+
+
+def test_a_config_that_did_not_train_neither_sets_the_target_nor_meets_it_at_step_0():
+    """A diverged run's only finite loss is often the one before training: were it its best,
+    a quarter of the configs diverging would set the target there, and every config would
+    meet it at step 0 with the same score."""
+    assert scoring.trained_best(_run(0, [3.0, None, None])) is None
+    assert scoring.trained_best(_run(0, [3.0, 3.0, 3.5])) is None  # never below its loss before training
+    assert scoring.trained_best(_run(0, [3.0, 2.0, None])) == 2.0  # it diverged later: it reached 2.0
+    assert scoring.trained_best({"val_losses": [[5, 2.5], [10, 2.0]]}) == 2.0  # no step-0 evaluation
+    runs = {"ok": [_run(0, [3.0, 2.5, 2.0])], "boom": [_run(0, [3.0, None, None])]}
+    s = scoring.summarise(runs)
+    assert (s["targets"][""]["loss"], s["targets"][""]["set_by"]) == (2.0, "ok")
+    assert [r["steps"] for r in s["optimizers"]["ok"]["reach"]] == [20]
+    assert s["optimizers"]["boom"]["reached"] == 0 and s["optimizers"]["ok"]["score_steps"] == 1.0
 
 
 def test_summarise_counts_the_fastest_of_several_runs_of_one_problem_and_needs_times_for_seconds():
@@ -243,9 +323,51 @@ def test_compare_without_a_target_sets_it_from_the_runs(tmp_path, capsys):
     doc = json.loads((out / "results.json").read_text())
     target = doc["scores"]["targets"]["char-lm"]
     best = {r["name"]: r["best"] for r in doc["results"]}
-    assert target["source"] == "reference" and target["loss"] == min(best.values())
+    assert target["source"] == "reference" and target["share"] == scoring.REACH_SHARE
+    assert target["loss"] == max(best.values())  # 2 configs: ceil(0.75 x 2) = 2, both reach it
     assert best[target["set_by"]] == target["loss"]
+    assert all(doc["scores"]["optimizers"][name]["reached"] == 1 for name in best)
     assert not (out / "profile.png").exists()  # one problem: no profile to draw
+
+
+def _separates(scores: dict) -> None:
+    """A time-to-target table that carries information: most configs reach the target,
+    at different times, and their scores differ (neither all equal nor all zero)."""
+    entries = scores["optimizers"]
+    (target,) = scores["targets"].values()
+    assert target["source"] == "reference" and target["loss"] is not None
+    reached = {name: e for name, e in entries.items() if e["reached"]}
+    assert len(reached) >= math.ceil(scoring.REACH_SHARE * len(entries)) - 1, (target, entries)  # most: one may fail
+    assert len(reached) > len(entries) / 2
+    assert len({scoreboard.median_reached(e, "steps") for e in reached.values()}) >= 2  # the reachers differ
+    by_steps = [e["score_steps"] for e in entries.values()]
+    assert len(set(by_steps)) >= 2 and sum(s > 0 for s in by_steps) > len(by_steps) / 2
+    assert 0 < sum(s == 1.0 for s in by_steps) < len(by_steps)  # a fastest, and slower ones
+
+
+def test_the_default_run_committed_in_docs_separates_the_configs():
+    """The README's default run (``optcore compare``, 300 steps, docs/results/compare.json),
+    scored from its stored runs: with the best config's own best loss as target, 10 of its
+    11 configs missed and scored 0."""
+    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "compare.json").read_text())
+    scores = scoring.summarise(scoreboard.runs_by_optimizer(doc))
+    assert len(scores["optimizers"]) == 11
+    _separates(scores)
+    algoperf = scoring.summarise(scoreboard.runs_by_optimizer(doc), share=0)  # the best config's own best loss
+    assert sum(e["reached"] for e in algoperf["optimizers"].values()) == 1
+
+
+def test_the_default_line_up_without_a_target_separates_the_configs(tmp_path, capsys):
+    """``optcore compare`` as ``scripts/dev demo`` runs it (every default config, no
+    --target), over a short budget."""
+    out = tmp_path / "out"
+    assert main(["compare", "--steps", "30", "--in-process", "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((out / "results.json").read_text())
+    assert len(doc["rows"]) >= 4 and all(row["status"] == "ok" for row in doc["rows"])
+    _separates(doc["scores"])
+    table = printed[printed.index("time to target") :]
+    assert table.count(" miss ") < len(doc["rows"]) / 2 and "75% of the configs reach" in " ".join(table.split())
 
 
 def test_a_bad_target_fails_before_anything_runs(tmp_path, capsys):
