@@ -594,11 +594,14 @@ class Sweep:
 
     def _show_result(self, claimed: Claimed, result: Mapping[str, Any]) -> None:
         """The run's outcome and learning curve under readable names, for Optuna's tools (:mod:`.dashboard`);
-        a step the pruner was told already keeps its value."""
+        a step the pruner was told already keeps its value, and a pruned run's curve ends where it was pruned."""
         for key, value in dashboard.result_attrs(result).items():
             _retrying(self.storage.set_trial_user_attr, claimed.trial_id, key, value)
         reported = _retrying(self.storage.get_trial, claimed.trial_id).intermediate_values
-        for step, loss in dashboard.curve(result.get("losses") or [], self.meta["steps"]):
+        losses = list(result.get("losses") or [])
+        if result["status"] == "pruned" and result.get("pruned_at"):
+            losses = losses[: int(result["pruned_at"])]
+        for step, loss in dashboard.curve(losses, self.meta["steps"]):
             if step not in reported:
                 _retrying(self.storage.set_trial_intermediate_value, claimed.trial_id, step, loss)
 

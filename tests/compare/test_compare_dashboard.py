@@ -74,6 +74,36 @@ def test_result_attrs_name_the_outcome_and_escape_the_error():
     assert "\x1b" not in shown["error"] and len(shown["error"]) < dashboard.MAX_SHOWN + 30
 
 
+def _one_trial(tmp_path):
+    from optcore.compare.study import Claimed, Sweep
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask()
+    sweep = Sweep(storage, "s", {"entries": [], "protocol": {}, "steps": 100})
+    attrs = {"phase": "tune", "config": "A", "slot": 0, "seed": 0}
+    return sweep, Claimed(study, trial._trial_id, trial.number, attrs, {}, trial), storage
+
+
+def test_the_curve_keeps_what_the_pruner_was_told_and_ends_where_the_run_was_pruned(tmp_path):
+    sweep, claimed, storage = _one_trial(tmp_path)
+    claimed.trial.report(99.0, 10)  # what --prune reported while the run ran
+    losses = [1.0] * 30
+    sweep._show_result(claimed, {"status": "pruned", "pruned_at": 20, "losses": losses, "error": None})
+    curve = storage.get_trial(claimed.trial_id).intermediate_values
+    assert curve[10] == 99.0 and max(curve) == 20 and curve[2] == 1.0
+    assert storage.get_trial(claimed.trial_id).user_attrs["status"] == "pruned"
+
+
+def test_a_run_of_many_steps_writes_about_curve_points_values(tmp_path):
+    sweep, claimed, storage = _one_trial(tmp_path)
+    sweep.meta["steps"] = 10_000
+    sweep._show_result(claimed, {"status": "ok", "losses": [2.0] * 10_000, "best": 1.5, "best_step": 9000})
+    curve = storage.get_trial(claimed.trial_id).intermediate_values
+    assert len(curve) == dashboard.CURVE_POINTS and max(curve) == 10_000
+    assert storage.get_trial(claimed.trial_id).user_attrs["best held-out loss"] == 1.5
+
+
 # ------------------------------------------------------------ a finished study in optuna-dashboard
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
