@@ -338,14 +338,17 @@ def _planned_per_config(sweep: Any) -> dict[str, int]:
 
 def _pruning(claimed: Any, steps: int) -> Any:
     """Report the training loss (mean of the last reports) to the trial at tenths of
-    the run and stop the trial's process when Optuna's pruner says so."""
+    the run and stop the trial's process when Optuna's pruner says so (the learning curve
+    that :mod:`.dashboard` writes after the run takes the same mean at its other steps)."""
+    from .dashboard import CURVE_WINDOW
+
     every = max(1, steps // 10)
     recent: list[float] = []
     last = [0]
 
     def check(step: int, loss: float) -> None:
         recent.append(loss)
-        del recent[:-5]
+        del recent[:-CURVE_WINDOW]
         if step - last[0] < every or claimed.stop.is_set():
             return
         last[0] = step

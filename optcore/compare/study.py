@@ -46,7 +46,7 @@ from typing import Any
 
 from optcore import ConfigError
 
-from . import records
+from . import dashboard, records
 from .lineup import apply_point, runnable
 from .sweep import plan, summarise
 from .tuning import draw_points, tuned_summary
@@ -389,12 +389,13 @@ class Sweep:
         optuna = _optuna()
         self._studies[self.name] = index
         _retrying(index.set_user_attr, "optcore", self.meta)
+        _retrying(dashboard.label_study, index, self.meta)
         entries = list(self.meta["entries"])
         runs = plan(entries, self.meta["seeds"], self.meta["lr_sweep"], self.meta["lrs"])
         for slot, run in enumerate(runs):
             attrs = {"phase": "defaults", "config": run.config, "slot": slot, "seed": run.seed, "lr": run.lr,
                      "entry": runnable(run.entry)}  # fmt: skip
-            _retrying(index.enqueue_trial, {}, user_attrs={"optcore": attrs})
+            _retrying(index.enqueue_trial, {}, user_attrs={"optcore": attrs, **dashboard.trial_attrs(attrs)})
         k, s_count = self.protocol["trials"], self.protocol["studies"]
         tunable = [e["name"] for e in entries if self.meta["spaces"].get(e["name"])]
         for s in range(s_count if k else 0):
@@ -405,10 +406,11 @@ class Sweep:
                                   pruner=self._pruner())  # fmt: skip
                 _retrying(study.set_user_attr, "sampler", {"type": "QMCSampler", "qmc_type": self.protocol["sampler"],
                                                            "scramble": True, "seed": seed})  # fmt: skip
+                _retrying(dashboard.label_study, study, self.meta)
                 for j, point in enumerate(draw_points(self.meta["spaces"][config], k, seed, self.protocol["sampler"])):
                     attrs = {"phase": "tune", "config": config, "study": s, "slot": (j * s_count + s) * len(tunable) + e,
                              "seed": self.protocol["tuning_seed"], "lr": point.get("lr"), "point": point}  # fmt: skip
-                    _retrying(study.enqueue_trial, point, user_attrs={"optcore": attrs})
+                    _retrying(study.enqueue_trial, point, user_attrs={"optcore": attrs, **dashboard.trial_attrs(attrs)})
                 self._studies[study.study_name] = study
         _retrying(index.set_user_attr, "ready", True)
 
@@ -545,10 +547,26 @@ class Sweep:
                 taken = False
             if taken:
                 claimed.trial = optuna.trial.Trial(study, frozen._trial_id)
-                for name, dim in (self.meta["spaces"].get(claimed.config) or {}).items() if claimed.phase == "tune" else ():
+                space = (self.meta["spaces"].get(claimed.config) or {}) if claimed.phase == "tune" else {}
+                for name, dim in space.items():
                     claimed.trial.suggest_float(name, dim["low"], dim["high"], log=dim["log"])
+                self._show_params(claimed, study, taken=list(space))
                 return claimed
         return None
+
+    def _show_params(self, claimed: Claimed, study: Any, taken: Sequence[str]) -> None:
+        """The trial's optimizer and hyper-parameters as params, for Optuna's tools (:mod:`.dashboard`)."""
+        configs = [claimed.config] if claimed.phase != "defaults" else list(self.entries)
+        if claimed.phase == "tune":  # its entry is made here from the point: show it as the others show theirs
+            for key, text in dashboard.config_attrs(claimed.entry).items():
+                _retrying(self.storage.set_trial_user_attr, claimed.trial_id, key, text)
+        for name, value, distribution in dashboard.params(claimed.entry, claimed.config, configs, taken):
+            try:
+                _retrying(self.storage.set_trial_param, claimed.trial_id, name, value, distribution)
+            except _optuna().exceptions.UpdateFinishedTrialError:
+                return  # failed as stale meanwhile: its retry shows them
+            except ValueError:  # a param of that name and another kind in this study: the first one stays
+                continue
 
     def _entry(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
         if attrs["phase"] == "tune":
@@ -561,6 +579,7 @@ class Sweep:
         state = optuna.trial.TrialState
         try:
             _retrying(self.storage.set_trial_user_attr, claimed.trial_id, "result", result)
+            self._show_result(claimed, result)
             if result["status"] == "ok" and result["final"] is not None:
                 _retrying(claimed.study.tell, claimed.number, float(result["final"]))
             elif result["status"] == "pruned":
@@ -572,6 +591,19 @@ class Sweep:
             # trial as stale; Optuna's retry of it runs (or ran) there, and counts instead.
             if not _retrying(self.storage.get_trial, claimed.trial_id).state.is_finished():
                 raise
+
+    def _show_result(self, claimed: Claimed, result: Mapping[str, Any]) -> None:
+        """The run's outcome and learning curve under readable names, for Optuna's tools (:mod:`.dashboard`);
+        a step the pruner was told already keeps its value, and a pruned run's curve ends where it was pruned."""
+        for key, value in dashboard.result_attrs(result).items():
+            _retrying(self.storage.set_trial_user_attr, claimed.trial_id, key, value)
+        reported = _retrying(self.storage.get_trial, claimed.trial_id).intermediate_values
+        losses = list(result.get("losses") or [])
+        if result["status"] == "pruned" and result.get("pruned_at"):
+            losses = losses[: int(result["pruned_at"])]
+        for step, loss in dashboard.curve(losses, self.meta["steps"]):
+            if step not in reported:
+                _retrying(self.storage.set_trial_intermediate_value, claimed.trial_id, step, loss)
 
     def abandon(self, claimed: Claimed) -> None:
         """A trial stopped by Ctrl-C: failed, and enqueued again (as a killed worker's
@@ -648,6 +680,7 @@ class Sweep:
             except optuna.exceptions.DuplicatedStudyError:
                 continue  # another worker enqueues them
             self._studies[name] = study
+            _retrying(dashboard.label_study, study, self.meta)
             self._enqueue_seeds(config, study, chosen)
 
     def _enqueue_seeds(self, config: str, study: Any, chosen: Mapping[str, Any], skip: set[int] = frozenset()) -> None:  # type: ignore[assignment]
@@ -657,7 +690,7 @@ class Sweep:
                 continue
             attrs = {"phase": "seeds", "config": config, "slot": j, "seed": seed, "lr": chosen["lr"],
                      "point": chosen["point"], "entry": entry}  # fmt: skip
-            _retrying(study.enqueue_trial, {}, user_attrs={"optcore": attrs})
+            _retrying(study.enqueue_trial, {}, user_attrs={"optcore": attrs, **dashboard.trial_attrs(attrs)})
         _retrying(study.set_user_attr, "ready", True)
 
     def _complete_if_stuck(self, config: str) -> None:
