@@ -262,13 +262,15 @@ def render_road(data: dict[str, Any]) -> str:
 def render_placements(data: dict[str, Any]) -> str:
     """The support table of docs/distributed.md from optcore.testing.check_placements' report."""
     names = {
-        "ddp": "DDP", "fsdp2": "FSDP2", "zero1": "`zero_redundancy`", "deepspeed-zero1": "DeepSpeed ZeRO-1",
-        "deepspeed-zero2": "DeepSpeed ZeRO-2", "dcp-2to1": "DCP 2 -> 1", "dcp-1to2": "DCP 1 -> 2",
+        "ddp": "DDP", "fsdp2": "FSDP2", "fsdp2-3": "FSDP2 x3", "fsdp2-4": "FSDP2 x4", "hsdp-2x2": "HSDP 2x2",
+        "zero1": "`zero_redundancy`", "deepspeed-zero1": "DS ZeRO-1", "deepspeed-zero2": "DS ZeRO-2",
+        "deepspeed-zero3": "DS ZeRO-3", "dcp-2to1": "DCP 2->1", "dcp-1to2": "DCP 1->2", "dcp-2to3": "DCP 2->3",
+        "dcp-3to2": "DCP 3->2", "dcp-4to1": "DCP 4->1",
     }
     cells = {(r["optimizer"], r["placement"]): r for r in data["results"]}
     lines = [
-        "| optimizer | " + " | ".join(names.get(p, p) for p in data["placements"]) + " |",
-        "|---" * (len(data["placements"]) + 1) + "|",
+        "| optimizer | steps | noise | " + " | ".join(names.get(p, p) for p in data["placements"]) + " |",
+        "|---" * (len(data["placements"]) + 3) + "|",
     ]
     notes: list[str] = []
     for name in data["optimizers"]:
@@ -276,8 +278,8 @@ def render_placements(data: dict[str, Any]) -> str:
         for p in data["placements"]:
             r = cells[name, p]
             text = {"equal": "yes", "refused": "refused"}.get(r["outcome"], f"**{r['outcome']}**")
-            if r["outcome"] in ("equal", "differs") and r["max_diff"] is not None:
-                text += f" ({r['max_diff']:.0e})"
+            if r["outcome"] in ("equal", "differs") and r["max_diff"] is not None and r.get("noise"):
+                text += f" ({r['max_diff'] / r['noise']:.2g}x)"
             if r["outcome"] in ("crashed", "differs") and r["message"]:
                 first = " ".join(r["message"].split("\n")[0].split())
                 first = first if len(first) <= 160 else first[:157] + "..."
@@ -285,20 +287,24 @@ def render_placements(data: dict[str, Any]) -> str:
                     notes.append(first)
                 text += f" [{notes.index(first) + 1}]"
             row.append(text)
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
+        noise = data.get("noise", {}).get(name)
+        steps = data.get("row_steps", {}).get(name, data["steps"])
+        lines.append(f"| {name} | {steps} | {'-' if noise is None else f'{noise:.0e}'} | " + " | ".join(row) + " |")
     env = data["environment"]
-    tolerances = {r["optimizer"]: r.get("atol") for r in data["results"] if r.get("atol") is not None}
-    own = ", ".join(f"{name}: {tol:g}" for name, tol in tolerances.items() if tol != data["atol"])
+    counts = {k: sum(1 for r in data["results"] if r["outcome"] == k) for k in ("equal", "refused", "differs", "crashed")}
     lines += [""] + [f"[{i}] `{note}`" for i, note in enumerate(notes, 1)] + ([""] if notes else [])
     lines.append(
-        f"yes (largest difference from one process): equal within {data['atol']:g}"
-        + (f" ({own})" if own else "")
-        + "; refused: a "
+        f"{len(data['placements'])} placements, {counts['equal']} cells equal, {counts['refused']} refused, "
+        f"{counts['differs']} differ, {counts['crashed']} crashed. "
+        "yes (the largest difference from one process, as a multiple of the row's noise): equal within "
+        f"{data['atol']:g} times the noise, which is one process against itself with the batch summed in another "
+        "order (at least one float epsilon of the largest parameter); refused: a "
         "`ConfigError` that names the reason and what works instead (every message is in "
         "`docs/results/placements.json`); **crashed** / **differs**: a bug, listed in `tests/distributed/test_placements.py`'s "
-        f"KNOWN. {data['steps']} steps on {env['world_size']} {env['backend']} ranks against one process on the "
-        f"full batch; torch {env['torch']}, DeepSpeed {env.get('deepspeed', 'not installed')}; {data['machine']}, "
-        f"{data['when']}, {data['seconds']} s: `{data['command']}`"
+        f"KNOWN. At least {data['steps']} steps (three periods where an optimizer declares one) on {env['backend']} "
+        f"ranks against one process on the full batch; torch {env['torch']}, DeepSpeed "
+        f"{env.get('deepspeed', 'not installed')}; {data['machine']}, {data['when']}, {data['seconds']} s: "
+        f"`{data['command']}`"
     )
     return "\n".join(lines)
 

@@ -318,8 +318,8 @@ def place_sharded_matrices(spec: Any, groups: list[dict[str, Any]]) -> Any:
             return replace(spec, loader=lambda: ShardedMuon)
         raise ConfigError(
             f"{spec.name} over DTensor parameters is built to orthogonalise each whole matrix on one owner rank, "
-            f"which needs FSDP2's layout (fully_shard over a 1-D mesh: every parameter Shard(0)), and {problem}. "
-            "Shard with fully_shard on a 1-D mesh, or train Muon under DDP.",
+            f"which needs each matrix split by rows over one mesh dimension (fully_shard, or HSDP), and {problem}. "
+            "Shard with fully_shard (a 1-D mesh, or HSDP's 2-D one), or train Muon under DDP.",
             problems=[("type", f"{spec.name} over an unsupported DTensor layout")],
         )
     if getattr(spec.target, "optcore_matrix_only", False):  # GaLore

@@ -28,31 +28,56 @@ from typing import Any
 import torch
 from torch import Tensor
 
-#: the ``(mesh dims, placements)`` FSDP2's ``fully_shard`` gives on one mesh dimension
-_FSDP2 = "one mesh dimension, Shard(0)"
+#: the layouts the owner placement steps: FSDP2's ``Shard(0)`` on one mesh
+#: dimension, replicated over any others (HSDP)
+_FSDP2 = "Shard(0) on one mesh dimension, replicated over the others (fully_shard, or HSDP)"
 
 
 def is_dtensor(p: Any) -> bool:
     return hasattr(p, "placements") and hasattr(p, "device_mesh")
 
 
+def shard_dim(p: Any) -> int | None:
+    """The mesh dimension over which ``p``'s rows are split, when every other
+    dimension replicates it (FSDP2 on a 1-D mesh, HSDP on a 2-D one); else ``None``."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    placements = tuple(p.placements)
+    rows = [i for i, place in enumerate(placements) if place == Shard(0)]
+    if len(rows) != 1 or not all(isinstance(place, Replicate) for i, place in enumerate(placements) if i != rows[0]):
+        return None
+    return rows[0]
+
+
 def layout_problem(params: list[Tensor]) -> str | None:
     """Why the owner placement cannot step ``params`` (``None``: it can): each
-    ``DTensor`` must be ``Shard(0)`` on one and the same 1-D mesh (``fully_shard``
-    without HSDP); plain tensors are stepped whole, as torch's Muon steps them."""
-    from torch.distributed.tensor import Shard
-
+    ``DTensor`` must be split by rows over one and the same dimension of one
+    mesh and replicated over the others (``fully_shard``, with or without
+    HSDP's replicate dimension); plain tensors are stepped whole, as torch's
+    Muon steps them. Each replica group of HSDP orthogonalises its matrices
+    over its own shard group: the same work on every replica, and nothing
+    sent between them."""
     sharded = [p for p in params if is_dtensor(p)]
     # by what a mesh is (device type, ranks, shape, dimension names), as DeviceMesh
     # compares: each fully_shard call without mesh= makes its own equal mesh
     meshes = {p.device_mesh for p in sharded}
-    odd = [tuple(p.shape) for p in sharded if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),)]
+    odd = [tuple(p.shape) for p in sharded if shard_dim(p) is None]
     if odd:
-        return f"{len(odd)} parameters are not sharded as {_FSDP2} (shapes {odd[:4]}; HSDP or tensor parallelism)"
+        return (f"{len(odd)} parameters are not sharded as {_FSDP2} (shapes {odd[:4]}; tensor parallelism "
+                "splits columns or rows of a matrix over another dimension)")
     if len(meshes) > 1:
         return (f"the parameters live on {len(meshes)} different device meshes (other ranks, shapes or dimension "
                 "names); shard them all over one mesh")
+    if len({shard_dim(p) for p in sharded}) > 1:
+        return "the parameters are split over different dimensions of their mesh; shard them all over one"
     return None
+
+
+def shard_group(p: Any) -> Any:
+    """The process group of ``p``'s shard dimension (:func:`shard_dim`)."""
+    dim = shard_dim(p)
+    mesh = p.device_mesh
+    return mesh.get_group() if mesh.ndim == 1 else mesh.get_group(dim)
 
 
 def _rows(n: int, world: int) -> list[int]:
@@ -188,7 +213,7 @@ class ShardedMuon(torch.optim.Muon):
         sharded = [k for k, (p, _, _) in enumerate(work) if simulated or is_dtensor(p)]
         done: dict[int, Tensor] = {k: _newton_schulz(u, grp) for k, (p, grp, u) in enumerate(work) if k not in sharded}
         if sharded:
-            group = None if simulated else work[sharded[0]][0].device_mesh.get_group()  # type: ignore[attr-defined]
+            group = None if simulated else shard_group(work[sharded[0]][0])
             results = orthogonalise(
                 [work[k][2] for k in sharded], [shapes[k] for k in sharded], group,
                 lambda i, matrix: _newton_schulz(matrix, work[sharded[i]][1]),

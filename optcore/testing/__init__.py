@@ -35,9 +35,11 @@ Public API (everything else in this package is private):
   each of its backends (``optcore.testing._step_inputs``);
 - :func:`check_placements`, :class:`PlacementCase`, :class:`PlacementReport`,
   :class:`PlacementResult`, :data:`PLACEMENTS` -- the placement dimension: any
-  optimizer under DDP, FSDP2, ZeRO, DeepSpeed ZeRO-1/2 and DCP resumes on
-  spawned gloo ranks, each compared with one process
-  (``optcore.testing._placements``; the spawning in ``optcore.testing._ranks``).
+  optimizer under DDP, FSDP2 on 2-4 ranks, HSDP, ZeRO, DeepSpeed ZeRO-1/2/3 and
+  DCP resumes across world sizes on spawned gloo ranks, each compared with one
+  process within its own noise (``optcore.testing._placements``; what each
+  placement runs in ``optcore.testing._placement_runs``, the spawning in
+  ``optcore.testing._ranks``).
 
 The kit's problem (a small seeded net and regression task) lives in
 ``optcore.testing._fixtures``. Each check builds fresh models with a fixed seed

@@ -1,16 +1,31 @@
 """The kit's placement dimension: :func:`check_placements`.
 
-Every optimizer runs a few steps of the kit's problem under each placement on
-spawned gloo ranks (each rank on its half of the batch) and is compared with
-ONE process stepping the full batch, never with another sharded run (gloo's
-``AVG`` has summed instead of averaged in some torch versions, so two sharded
-runs can agree and both be wrong). One process group runs every optimizer
-under every placement, so a table of many optimizers costs one spawn.
+Every optimizer trains the kit's problem (:mod:`._placement_runs`: a
+miniature transformer block with uneven and empty shards) under each
+placement on spawned gloo ranks, each rank on its share of the batch, and is
+compared with ONE process stepping the full batch, never with another sharded
+run (gloo's ``AVG`` has summed instead of averaged in some torch versions, so
+two sharded runs can agree and both be wrong).
+
+**What "equal" means.** A sharded run sums its gradients in another order than
+one process, so their parameters differ in the last bits, and an optimizer
+that amplifies such bits (Muon's Newton–Schulz iteration, Lion's sign) shows
+more of it. Each row's tolerance therefore comes from that optimizer's own
+noise: one process against itself with another summation order (the batch as
+two accumulated halves, the second first). A cell is ``equal`` when its
+largest difference is at most :data:`NOISE_FACTOR` times that noise (a noise
+below :data:`EPS_FLOOR` float epsilons of the largest parameter counts as
+that floor), and the table reports every difference as a multiple of it.
+
+**Enough steps.** Each row runs :data:`STEPS` steps, or three periods of
+the optimizer's periodic code where it declares one (a ``period`` attribute,
+or a hyper-parameter of :data:`PERIOD_KEYS`: Lookahead's ``k``, a
+preconditioner's update interval), so the code that runs every k-th step runs,
+before and after a DCP resume.
 
 Each cell ends in one of:
 
-* ``equal``: the parameters match the one process within ``atol`` (the
-  largest difference is kept);
+* ``equal``: the parameters match the one process within the row's tolerance;
 * ``refused``: a :class:`~optcore.ConfigError` said why and what works
   instead (the message is kept);
 * ``differs``: it ran and its parameters are not those of one process: a
@@ -18,40 +33,50 @@ Each cell ends in one of:
 * ``crashed``: anything else was raised (the error is kept);
 * ``skipped``: the placement cannot run here (DeepSpeed not installed).
 
-Placements (:data:`PLACEMENTS`): ``ddp``; ``fsdp2`` (``fully_shard`` on each
-linear layer and the root); ``zero1`` (:func:`optcore.distributed.zero_redundancy`
-under DDP); ``deepspeed-zero1`` / ``deepspeed-zero2`` (the real DeepSpeed on its
-CPU accelerator through :mod:`optcore.integrations.deepspeed`, no clipping);
-``dcp-2to1`` (two FSDP2 ranks train half the steps and save with
-``torch.distributed.checkpoint``, one process loads and trains the rest) and
-``dcp-1to2`` (the other way round).
+Placements (:data:`PLACEMENTS`):
+
+* ``ddp`` on 2 ranks;
+* ``fsdp2`` (2 ranks, ``fully_shard`` per unit and the root, each call with a
+  mesh of its own, as docs/distributed.md writes it), ``fsdp2-3`` and
+  ``fsdp2-4`` (3 and 4 ranks on one shared mesh: uneven and empty shards);
+* ``hsdp-2x2``: 4 ranks, replicated over one mesh dimension and sharded over
+  the other;
+* ``zero1`` (:func:`optcore.distributed.zero_redundancy` under DDP);
+* ``deepspeed-zero1``, ``-zero2``, ``-zero3``: the real DeepSpeed on its CPU
+  accelerator through :mod:`optcore.integrations.deepspeed`, no clipping;
+* ``dcp-2to1``, ``dcp-1to2``, ``dcp-2to3``, ``dcp-3to2``, ``dcp-4to1``: half the
+  steps on FSDP2 ranks (or one process), saved with
+  ``torch.distributed.checkpoint``, the rest resumed at the other world size.
+
+The placements of one world size run in one spawned process group per round
+(a resume's second half is the second round), so a table of many optimizers
+costs five spawns.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import math
-import os
 import tempfile
-import time
-import traceback
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from ._fixtures import Net, data
+from . import _placement_runs as runs
 from ._ranks import run_ranks
 
-PLACEMENTS = ("ddp", "fsdp2", "zero1", "deepspeed-zero1", "deepspeed-zero2", "dcp-2to1", "dcp-1to2")
+PLACEMENTS = tuple(runs.STAGES)
 OUTCOMES = ("equal", "refused", "differs", "crashed", "skipped")
-WORLD_SIZE = 2
-READY = "one-process-done"  # the file the parent writes when its checkpoints for dcp-1to2 are saved
-ROWS = 32  # the kit's batch (optcore.testing._fixtures.data); each rank steps ROWS // WORLD_SIZE
+STEPS = 12
+#: hyper-parameters (in the optimizer's defaults, its groups or its attributes) that name a period in steps
+PERIOD_KEYS = ("period", "k", "lookahead_k", "update_freq", "update_interval", "precondition_frequency",
+               "preconditioner_update_interval")
+NOISE_FACTOR = 10.0
+EPS_FLOOR = 1.0
+ROWS = runs.ROWS
 
 
 @dataclass(frozen=True)
@@ -60,18 +85,28 @@ class PlacementCase:
 
     ``config`` is what ``optcore.build_optimizer`` takes (a mapping with
     ``type``: a name, a dotted path or a class). ``dtype`` is the model's
-    (``"float16"`` for the precision wrappers). The one process steps with
-    ``reference_config`` (default: ``config``), accumulating the full batch as
-    ``micro_batches`` backward passes of ``1 / micro_batches`` of the loss: an
-    optimizer that measures its gradients' spread (AdaScale) needs the same
-    number of samples per step as the sharded run's ranks give it.
+    (``"float16"`` for the precision wrappers). ``steps`` overrides the row's
+    number of steps. The one process steps with ``reference_config``
+    (default: ``config``; a callable takes the number of ranks it stands for
+    and returns the config), accumulating the full batch as ``micro_batches``
+    backward passes of ``1 / micro_batches`` of the loss (``"world"``: one per
+    rank): an optimizer that measures its gradients' spread (AdaScale) needs
+    the same number of samples per step as the sharded run's ranks give it.
+    ``atol`` raises the row's tolerance to at least this much.
     """
 
     config: Any
     dtype: str = "float32"
     atol: float | None = None
     reference_config: Any = None
-    micro_batches: int = 1
+    micro_batches: int | str = 1
+    steps: int | None = None
+
+    def reference(self, world: int) -> tuple[Any, int]:
+        """(the one process's config, its micro-batches) standing for ``world`` ranks."""
+        config = self.reference_config
+        config = self.config if config is None else config(world) if callable(config) else config
+        return config, world if self.micro_batches == "world" else int(self.micro_batches)
 
 
 @dataclass(frozen=True)
@@ -82,11 +117,20 @@ class PlacementResult:
     max_diff: float | None = None
     message: str = ""
     atol: float | None = None  # the tolerance the difference was judged by
+    noise: float | None = None  # the row's one-process noise: the unit of the reported multiple
+
+    @property
+    def multiple(self) -> float | None:
+        """The difference from one process as a multiple of the row's noise."""
+        if self.max_diff is None or not self.noise:
+            return None
+        return self.max_diff / self.noise
 
     def short(self) -> str:
         """The table's cell."""
-        if self.outcome in ("equal", "differs") and self.max_diff is not None:
-            text = f"{self.outcome} ({self.max_diff:.1e})"
+        multiple = self.multiple
+        if self.outcome in ("equal", "differs") and multiple is not None:
+            text = f"{self.outcome} ({multiple:.2g}x)" if math.isfinite(multiple) else f"{self.outcome} (nan)"
         else:
             text = self.outcome
         return f"**{text}**" if self.outcome in ("differs", "crashed") else text
@@ -95,14 +139,18 @@ class PlacementResult:
 @dataclass(frozen=True)
 class PlacementReport:
     """What :func:`check_placements` found: one :class:`PlacementResult` per
-    (optimizer, placement). ``str(report)`` is the table and every message."""
+    (optimizer, placement). ``str(report)`` is the table and every message.
+    ``steps`` is the default number of steps, ``row_steps`` each row's and
+    ``noise`` each row's one-process noise."""
 
     optimizers: tuple[str, ...]
     placements: tuple[str, ...]
     results: tuple[PlacementResult, ...]
     steps: int
-    atol: float
+    atol: float  # NOISE_FACTOR: a cell is equal within this many times its row's noise
     environment: dict[str, str] = field(default_factory=dict)
+    row_steps: dict[str, int] = field(default_factory=dict)
+    noise: dict[str, float | None] = field(default_factory=dict)
 
     def __getitem__(self, key: tuple[str, str]) -> PlacementResult:
         for r in self.results:
@@ -115,10 +163,14 @@ class PlacementReport:
         return [r for r in self.results if r.outcome in ("differs", "crashed")]
 
     def table(self) -> str:
-        """A Markdown table: one row per optimizer, one column per placement."""
-        lines = ["| optimizer | " + " | ".join(self.placements) + " |", "|---" * (len(self.placements) + 1) + "|"]
+        """A Markdown table: one row per optimizer (its steps and noise), one column per placement."""
+        head = "| optimizer | steps | noise | " + " | ".join(self.placements) + " |"
+        lines = [head, "|---" * (len(self.placements) + 3) + "|"]
         for name in self.optimizers:
-            lines.append(f"| {name} | " + " | ".join(self[name, p].short() for p in self.placements) + " |")
+            noise = self.noise.get(name)
+            cells = " | ".join(self[name, p].short() for p in self.placements)
+            lines.append(f"| {name} | {self.row_steps.get(name, self.steps)} | "
+                         f"{'-' if noise is None else f'{noise:.1e}'} | {cells} |")
         return "\n".join(lines)
 
     def messages(self) -> str:
@@ -140,6 +192,8 @@ class PlacementReport:
             "steps": self.steps,
             "atol": self.atol,
             "environment": dict(self.environment),
+            "row_steps": dict(self.row_steps),
+            "noise": dict(self.noise),
             "results": [asdict(r) for r in self.results],
         }
 
@@ -148,7 +202,7 @@ class PlacementReport:
         return cls(
             tuple(data["optimizers"]), tuple(data["placements"]),
             tuple(PlacementResult(**r) for r in data["results"]), data["steps"], data["atol"],
-            dict(data.get("environment", {})),
+            dict(data.get("environment", {})), dict(data.get("row_steps", {})), dict(data.get("noise", {})),
         )
 
 
@@ -156,11 +210,10 @@ def check_placements(
     optimizers: Mapping[str, Any] | Iterable[Any],
     placements: Iterable[str] = PLACEMENTS,
     *,
-    steps: int = 4,
-    atol: float = 1e-5,
+    steps: int = STEPS,
     timeout: float = 300.0,
 ) -> PlacementReport:
-    """Run every optimizer under every placement on 2 spawned gloo ranks and
+    """Run every optimizer under every placement on spawned gloo ranks and
     compare each with one process on the full batch.
 
     ``optimizers`` maps a row name to a config or a :class:`PlacementCase`
@@ -176,45 +229,44 @@ def check_placements(
         raise ValueError(f"unknown placements {unknown}; the kit has {list(PLACEMENTS)}")
     if steps < 2:
         raise ValueError("steps must be >= 2 (a DCP resume saves after steps // 2)")
-    half = steps // 2
     results: dict[tuple[str, str], PlacementResult] = {}
+    row_steps: dict[str, int] = {}
+    for name, case in cases.items():
+        try:
+            row_steps[name] = case.steps or max(steps, 3 * _period(case))
+        except Exception as exc:  # noqa: BLE001 - the whole row reports it
+            _row_crashed(results, name, placements, f"one process: {runs.describe(exc)}")
+    live = {n: c for n, c in cases.items() if n in row_steps}
     with tempfile.TemporaryDirectory(prefix="optcore-placements-") as root:
-        references: dict[str, list[torch.Tensor]] = {}
-
-        def one_process() -> None:
-            """The references and the checkpoints for ``dcp-1to2``, while the ranks import."""
+        got = _run_rounds(live, placements, row_steps, root)
+        references: dict[tuple[str, tuple[tuple[int, int, int], ...]], list[torch.Tensor]] = {}
+        noise: dict[str, float | None] = {}
+        for index, (name, case) in enumerate(live.items()):
+            n = row_steps[name]
             try:
-                for name, case in cases.items():
-                    try:
-                        references[name] = _one_process(case, range(steps))
-                        if "dcp-1to2" in placements:
-                            _one_process(case, range(half), save=str(Path(root, "1to2", name)))
-                    except Exception as exc:  # noqa: BLE001 - the whole row reports it
-                        message = f"one process: {_describe(exc)}"
-                        for p in placements:
-                            results[name, p] = PlacementResult(name, p, "crashed", message=message)
-            finally:
-                Path(root, READY).touch()  # the ranks' dcp-1to2 cells wait for it
-
-        ranks = run_ranks(_on_ranks, WORLD_SIZE, cases, placements, steps, root, timeout=timeout, meanwhile=one_process)
-        runnable = {n: c for n, c in cases.items() if n in references}
-        for name, case in runnable.items():
-            tol = atol if case.atol is None else case.atol
+                want = _reference(case, ((0, n, 2),), references, name)
+                noise[name] = _noise(case, n, want)
+            except Exception as exc:  # noqa: BLE001
+                _row_crashed(results, name, placements, f"one process: {runs.describe(exc)}")
+                continue
             for p in placements:
-                got = [r[name, p] for r in ranks]
-                if p == "dcp-2to1" and all(g[0] == "ran" for g in got):
-                    try:
-                        got = [("ran", _one_process(case, range(half, steps), load=str(Path(root, "2to1", name))))]
-                    except Exception as exc:  # noqa: BLE001
-                        got = [_failure(exc)]
-                results[name, p] = _judge(name, p, got, references[name], tol)
-    environment = {"torch": torch.__version__, "world_size": str(WORLD_SIZE), "backend": "gloo"}
+                if (name, p) in results:
+                    continue
+                try:
+                    want = _reference(case, _segments(p, n), references, name)
+                except Exception as exc:  # noqa: BLE001
+                    results[name, p] = PlacementResult(name, p, "crashed", message=f"one process: {runs.describe(exc)}")
+                    continue
+                tol = max(NOISE_FACTOR * noise[name], case.atol or 0.0)
+                results[name, p] = _judge(name, p, got.get((name, p), []), want, tol, noise[name])
+    environment = {"torch": torch.__version__, "backend": "gloo"}
     try:
         environment["deepspeed"] = importlib.metadata.version("deepspeed")
     except importlib.metadata.PackageNotFoundError:
         pass
     return PlacementReport(
-        tuple(cases), placements, tuple(results[n, p] for n in cases for p in placements), steps, atol, environment
+        tuple(cases), placements, tuple(results[n, p] for n in cases for p in placements), steps, NOISE_FACTOR,
+        environment, {n: row_steps.get(n, steps) for n in cases}, {n: noise.get(n) for n in cases},
     )
 
 
@@ -231,256 +283,163 @@ def _name(config: Any) -> str:
     return kind.__name__ if isinstance(kind, type) else str(kind)
 
 
-def _judge(
-    name: str, placement: str, got: list[tuple[str, Any]], want: list[torch.Tensor], atol: float
-) -> PlacementResult:
-    for kind, value in got:
-        if kind != "ran":
-            return PlacementResult(name, placement, kind, message=value)
-    diff = 0.0
-    for _, params in got:
-        for a, b in zip(params, want, strict=True):
-            d = (a.double() - b.double()).abs().max().item()
-            diff = math.inf if math.isnan(d) else max(diff, d)
-    return PlacementResult(name, placement, "equal" if diff <= atol else "differs", diff, atol=atol)
+def _row_crashed(results: dict[tuple[str, str], PlacementResult], name: str, placements: tuple[str, ...],
+                 message: str) -> None:
+    for p in placements:
+        results[name, p] = PlacementResult(name, p, "crashed", message=message)
 
 
-def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text if len(text) <= 2000 else text[:2000] + " ..."
-
-
-def _failure(exc: BaseException) -> tuple[str, str]:
-    """A :class:`~optcore.ConfigError` is a refusal, unless it only wraps an
-    error the optimizer's constructor hit by accident (a ``RuntimeError`` from
-    an operator that has no ``DTensor`` rule is a crash, not a reason)."""
-    from .._errors import ConfigError
-
-    cause = exc.__cause__
-    if isinstance(exc, ConfigError) and (cause is None or isinstance(cause, (ConfigError, ValueError, TypeError))):
-        return ("refused", str(exc))
-    frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if "site-packages" not in f.filename] or frames
-    last = ours[-1] if ours else None
-    where = f" (at {Path(last.filename).name}:{last.lineno} in {last.name}: {last.line})" if last else ""
-    return ("crashed", _describe(exc) + where + "\n" + "".join(traceback.format_list(frames[-3:])))
-
-
-# ----------------------------------------------------------------------------- training
-def _model(case: PlacementCase, seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return Net(matrices_only=False).to(getattr(torch, case.dtype))
-
-
-def _batch(step: int, case: PlacementCase, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = data(seed=100 + step, dtype=getattr(torch, case.dtype))
-    return x[rows], y[rows]
-
-
-def _build(config: Any, model: nn.Module) -> Any:
-    from .._build import build_optimizer
-
-    return build_optimizer(config, model)
-
-
-def _backward(opt: Any, loss: torch.Tensor) -> None:
-    backward = getattr(opt, "backward", None)  # the contract's: a precision wrapper scales the loss
-    if backward is None:
-        loss.backward()
-    else:
-        backward(loss)
-
-
-def _train(
-    case: PlacementCase, model: Callable[..., torch.Tensor], opt: Any, steps: range, rows: slice, micro: int = 1
-) -> None:
-    for step in steps:
-        opt.zero_grad()
-        x, y = _batch(step, case, rows)
-        for part in range(micro):
-            n = len(x) // micro
-            piece = slice(part * n, (part + 1) * n)
-            _backward(opt, nn.functional.mse_loss(model(x[piece]), y[piece]) / micro)
-        opt.step()
-
-
-def _full(model: nn.Module) -> list[torch.Tensor]:
-    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
-
-
-def _one_process(
-    case: PlacementCase, steps: range, *, save: str | None = None, load: str | None = None
-) -> list[torch.Tensor]:
-    """The reference (``steps`` from 0), or one side of a DCP resume."""
-    config = case.config if case.reference_config is None else case.reference_config
+def _period(case: PlacementCase) -> int:
+    """The longest period the built optimizer declares (0: none), read from
+    its attributes, its defaults and its groups, and those of what it wraps."""
+    config, _ = case.reference(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = _model(case, seed=7 if load else 0)
-        opt = _build(config, model)
-        if load:
-            _dcp_load(model, opt, load)
-        _train(case, model, opt, steps, slice(None), case.micro_batches)
-        if save:
-            _dcp_save(model, opt, save)
-    return _full(model)
+        opt = runs.build(config, runs.model(case.dtype))
+    found = [0]
+    for each in (opt, getattr(opt, "optimizer", None), *getattr(opt, "parts", {}).values()):
+        if each is None:
+            continue
+        spaces = [vars(each), getattr(each, "defaults", {}) or {}, *getattr(each, "param_groups", [])]
+        for space in spaces:
+            for key in PERIOD_KEYS:
+                value = space.get(key) if isinstance(space, Mapping) else None
+                if isinstance(value, int) and not isinstance(value, bool) and 1 < value <= 1000:
+                    found.append(value)
+    return max(found)
 
 
-def _dcp_save(model: nn.Module, opt: Any, path: str) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
-
-
-def _dcp_load(model: nn.Module, opt: Any, path: str) -> None:
-    """As DCP's documentation loads: the model first, then the optimizer into
-    the template ``get_optimizer_state_dict`` makes of it."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=path)
-    set_model_state_dict(model, state["model"])
-    state = {"optim": get_optimizer_state_dict(model, opt)}
-    dcp.load(state, checkpoint_id=path)
-    set_optimizer_state_dict(model, opt, state["optim"])
-
-
-# ----------------------------------------------------------------------------- on the ranks
-def _fsdp(model: nn.Module, world: int) -> nn.Module:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in (model.fc1, model.fc2):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
-
-def _ddp(rank: int, world: int, case: PlacementCase, steps: int, root: str, name: str) -> list[torch.Tensor]:
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = _model(case)
-    opt = _build(case.config, model)
-    _train(case, DistributedDataParallel(model), opt, range(steps), _rows(rank, world))
-    return _full(model)
-
-
-def _fsdp2(rank: int, world: int, case: PlacementCase, steps: int, root: str, name: str) -> list[torch.Tensor]:
-    model = _fsdp(_model(case), world)
-    opt = _build(case.config, model)
-    _train(case, model, opt, range(steps), _rows(rank, world))
-    return _full(model)
-
-
-def _zero1(rank: int, world: int, case: PlacementCase, steps: int, root: str, name: str) -> list[torch.Tensor]:
-    from torch.nn.parallel import DistributedDataParallel
-
-    from ..integrations.zero import zero_redundancy
-
-    model = _model(case)
-    opt = zero_redundancy(case.config, model)
-    _train(case, DistributedDataParallel(model), opt, range(steps), _rows(rank, world))
-    return _full(model)
-
-
-def _deepspeed(stage: int) -> Callable[..., list[torch.Tensor]]:
-    def run(rank: int, world: int, case: PlacementCase, steps: int, root: str, name: str) -> list[torch.Tensor]:
-        from ..integrations import deepspeed as ds
-
-        config = {
-            "train_micro_batch_size_per_gpu": ROWS // world,
-            "gradient_accumulation_steps": 1,
-            "gradient_clipping": 0.0,
-            "zero_optimization": {"stage": stage},
-        }
-        model = _model(case)
-        engine, _, _, _ = ds.initialize(model, config, optimizer=case.config)
-        try:
-            for step in range(steps):
-                x, y = _batch(step, case, _rows(rank, world))
-                engine.backward(nn.functional.mse_loss(engine(x), y))
-                engine.step()
-            return _full(model)
-        finally:
-            engine.destroy()
-
-    return run
-
-
-def _dcp_2to1(rank: int, world: int, case: PlacementCase, steps: int, root: str, name: str) -> list[torch.Tensor]:
-    model = _fsdp(_model(case), world)
-    opt = _build(case.config, model)
-    _train(case, model, opt, range(steps // 2), _rows(rank, world))
-    _dcp_save(model, opt, str(Path(root, "2to1", name)))
-    return []
-
-
-def _dcp_1to2(rank: int, world: int, case: PlacementCase, steps: int, root: str, name: str) -> list[torch.Tensor]:
-    deadline = time.monotonic() + 300
-    while not Path(root, READY).exists():  # the one process saves while the ranks run the other placements
-        if time.monotonic() > deadline:
-            raise TimeoutError("the one process wrote no checkpoints for dcp-1to2 within 300 s")
-        time.sleep(0.05)
-    model = _fsdp(_model(case, seed=7), world)
-    opt = _build(case.config, model)
-    _dcp_load(model, opt, str(Path(root, "1to2", name)))
-    _train(case, model, opt, range(steps // 2, steps), _rows(rank, world))
-    return _full(model)
-
-
-_RUNS: dict[str, Callable[..., list[torch.Tensor]]] = {
-    "ddp": _ddp,
-    "fsdp2": _fsdp2,
-    "zero1": _zero1,
-    "deepspeed-zero1": _deepspeed(1),
-    "deepspeed-zero2": _deepspeed(2),
-    "dcp-2to1": _dcp_2to1,
-    "dcp-1to2": _dcp_1to2,
-}
-
-
-def _rows(rank: int, world: int) -> slice:
-    n = ROWS // world
-    return slice(rank * n, (rank + 1) * n)
-
-
-def _deepspeed_missing() -> str | None:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would look for CUDA first
-    try:
-        import deepspeed.ops
-    except ImportError as exc:
-        return f"DeepSpeed is not installed ({exc}); pip install 'optcore[deepspeed]'"
-    # its CPU backend JIT-compiles a shared-memory all-reduce on first use (minutes); training uses gloo's
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    return None
-
-
-def _on_ranks(
-    rank: int, world: int, cases: dict[str, PlacementCase], placements: tuple[str, ...], steps: int, root: str
-) -> dict[tuple[str, str], tuple[str, Any]]:
-    """Every (optimizer, placement) on this rank, placement by placement
-    (DeepSpeed's last: it sets up state of its own)."""
-    out: dict[tuple[str, str], tuple[str, Any]] = {}
-    for placement in sorted(placements, key=lambda p: p.startswith("deepspeed")):
-        missing = None
-        if placement.startswith("deepspeed"):
-            missing = _deepspeed_missing()
-            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
-        for name, case in cases.items():
-            if missing:
-                out[name, placement] = ("skipped", missing)
+# ----------------------------------------------------------------------------- the ranks
+def _run_rounds(
+    cases: dict[str, PlacementCase], placements: tuple[str, ...], row_steps: dict[str, int], root: str
+) -> dict[tuple[str, str], list[tuple[str, Any]]]:
+    """Every stage of every cell, round by round; per cell what each rank of
+    its last stage returned (a failed stage ends the cell)."""
+    got: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+    failed: set[tuple[str, str]] = set()
+    names = list(cases)
+    rounds = max(len(runs.STAGES[p]) for p in placements) if placements else 0
+    for stage in range(rounds):
+        by_world: dict[int, list[tuple[str, str, Any, str, int, str]]] = {}
+        for p in placements:
+            if stage >= len(runs.STAGES[p]):
                 continue
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    out[name, placement] = ("ran", _RUNS[placement](rank, world, case, steps, root, name))
-            except Exception as exc:  # noqa: BLE001 - every failure is the cell's outcome
-                out[name, placement] = _failure(exc)
-    return out
+            world, _ = runs.STAGES[p][stage]
+            for name, case in cases.items():
+                if (name, p) in failed:
+                    continue
+                where = runs.checkpoint_folder(root, p, names.index(name))
+                by_world.setdefault(world, []).append((name, p, case.config, case.dtype, row_steps[name], where))
+        for world, cells in sorted(by_world.items()):
+            if world == 1:
+                out = {(c[0], c[1]): [_in_this_process(cases[c[0]], c[1], stage, c[4], c[5])] for c in cells}
+            else:
+                try:
+                    ranks = run_ranks(runs.on_ranks, world, cells, stage, timeout=300.0)
+                except AssertionError as exc:  # the group itself failed: every cell of it says so
+                    ranks = [{(c[0], c[1]): ("crashed", f"ranks failed: {str(exc)[:2000]}") for c in cells}]
+                out = {(c[0], c[1]): [r[c[0], c[1]] for r in ranks] for c in cells}
+            for key, values in out.items():
+                got[key] = values
+                if any(kind != "ran" for kind, _ in values):
+                    failed.add(key)
+    return got
+
+
+def _in_this_process(case: PlacementCase, placement: str, stage: int, steps: int, where: str) -> tuple[str, Any]:
+    """A resume's one-process side: save after half the steps, or load and train the rest."""
+    other = next(w for w, _ in runs.STAGES[placement] if w != 1)
+    config, micro = case.reference(other)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if stage == 0:
+                module = runs.model(case.dtype)
+                opt = runs.build(config, module)
+                runs.train(case.dtype, module, opt, range(steps // 2), slice(None), micro)
+                runs.dcp_save(module, opt, where)
+                return ("ran", [])
+            module = runs.model(case.dtype, seed=7)
+            opt = runs.build(config, module)
+            runs.dcp_load(module, opt, where)
+            runs.train(case.dtype, module, opt, range(steps // 2, steps), slice(None), micro)
+            return ("ran", runs.full(module))
+    except Exception as exc:  # noqa: BLE001
+        return runs.failure(exc)
+
+
+# ----------------------------------------------------------------------------- one process
+def _segments(placement: str, steps: int) -> tuple[tuple[int, int, int], ...]:
+    """The one process standing for ``placement``: (first step, end, ranks) per part."""
+    stages = runs.STAGES[placement]
+    if len(stages) == 1:
+        return ((0, steps, stages[0][0]),)
+    worlds = [w for w, _ in stages]
+    if 1 in worlds:  # one side is the one process itself, accumulating for the ranks of the other
+        other = next(w for w in worlds if w != 1)
+        return ((0, steps, other),)
+    half = steps // 2
+    return ((0, half, worlds[0]), (half, steps, worlds[1]))
+
+
+def _reference(
+    case: PlacementCase, segments: tuple[tuple[int, int, int], ...],
+    cache: dict[tuple[str, tuple[tuple[int, int, int], ...]], list[torch.Tensor]], name: str,
+) -> list[torch.Tensor]:
+    """One process on the full batch, each segment standing for its ranks (a
+    new optimizer for a segment whose config differs, loading the last one's state)."""
+    key = (name, tuple((a, b, case.reference(w)[1], repr(case.reference(w)[0])) for a, b, w in segments))
+    if key in cache:
+        return cache[key]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = runs.model(case.dtype)
+        opt, last = None, None
+        for start, end, world in segments:
+            config, micro = case.reference(world)
+            if opt is None or repr(config) != last:
+                state = opt.state_dict() if opt is not None else None
+                opt = runs.build(config, module)
+                if state is not None:
+                    opt.load_state_dict(state)
+                last = repr(config)
+            runs.train(case.dtype, module, opt, range(start, end), slice(None), micro)
+    cache[key] = runs.full(module)
+    return cache[key]
+
+
+def _noise(case: PlacementCase, steps: int, want: list[torch.Tensor]) -> float:
+    """How far one process is from itself when it sums the batch in another
+    order (two halves, the second first), floored at :data:`EPS_FLOOR` epsilons
+    of the largest parameter."""
+    config, micro = case.reference(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = runs.model(case.dtype)
+        opt = runs.build(config, module)
+        runs.train(case.dtype, module, opt, range(steps), slice(None), max(2, micro), reverse=True)
+    other = runs.full(module)
+    diff = _max_diff(other, want)
+    largest = max(float(w.double().abs().max()) for w in want)
+    floor = EPS_FLOOR * torch.finfo(getattr(torch, case.dtype)).eps * max(1.0, largest)
+    return max(diff, floor) if math.isfinite(diff) else floor
+
+
+def _max_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    diff = 0.0
+    for a, b in zip(got, want, strict=True):
+        d = (a.double() - b.double()).abs().max().item()
+        diff = math.inf if math.isnan(d) else max(diff, d)
+    return diff
+
+
+def _judge(
+    name: str, placement: str, got: list[tuple[str, Any]], want: list[torch.Tensor], tol: float, noise: float | None
+) -> PlacementResult:
+    if not got:
+        return PlacementResult(name, placement, "crashed", message="no rank reported this cell")
+    for kind, value in got:
+        if kind != "ran":
+            return PlacementResult(name, placement, kind, message=value, noise=noise)
+    diff = max(_max_diff(params, want) for _, params in got)
+    return PlacementResult(name, placement, "equal" if diff <= tol else "differs", diff, atol=tol, noise=noise)

@@ -222,10 +222,9 @@ def _worker(rank: int, world: int, root: str) -> dict[str, Any]:
     out["memory"] = _memory(rank, world)
     hsdp = matrices()
     fully_shard(hsdp, mesh=init_device_mesh("cpu", (1, world), mesh_dim_names=("replicate", "shard")))
-    try:
-        optcore.build_optimizer(MUON, hsdp)
-    except optcore.ConfigError as exc:
-        out["hsdp"] = str(exc)
+    out["hsdp"] = type(optcore.build_optimizer(MUON, hsdp)).__name__
+    columns = [DTensor.from_local(torch.ones(4, 1), mesh, [Shard(1)])]  # tensor parallelism's colwise split
+    out["columns"] = optcore.placement.layout_problem(columns)
     # GaLore as optcore sees it: optcore.lowrank's wrapper (what makes galore_torch's classes GaLore to the
     # plan) over torch's AdamW, since importing galore_torch costs each rank bitsandbytes' import (~8 s CPU)
     from optcore.lowrank import low_rank
@@ -335,10 +334,14 @@ def test_galore_on_fsdp2_shards_is_refused_saying_why_and_what_works(ranks: Any)
         assert "DDP" in text and "{'type': 'Muon', 'fallback': {'type': 'AdamW'}}" in text
 
 
-def test_muon_on_an_hsdp_mesh_is_refused(ranks: Any) -> None:
+def test_muon_on_an_hsdp_mesh_orthogonalises_over_the_shard_group_and_columns_are_refused(ranks: Any) -> None:
+    """HSDP's (Replicate, Shard(0)) is stepped by ShardedMuon over the shard
+    dimension (the kit's hsdp-2x2 cell compares it with one process); a
+    column split (tensor parallelism) is not a layout it can step."""
     results, _ = ranks
     for got in results:
-        assert "not sharded as one mesh dimension, Shard(0)" in got["hsdp"] and "1-D mesh" in got["hsdp"]
+        assert got["hsdp"] == "ShardedMuon"
+        assert "not sharded as Shard(0) on one mesh dimension" in got["columns"] and "tensor parallelism" in got["columns"]
 
 
 def test_memory_prediction_is_what_rank_0_holds_and_allocates(ranks: Any) -> None:

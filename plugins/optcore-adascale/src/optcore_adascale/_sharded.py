@@ -44,6 +44,19 @@ def is_sharded(t: Any) -> bool:
     return _DTENSOR[0] is not None and isinstance(t, _DTENSOR[0])
 
 
+def copies(t: Any) -> int:
+    """How many ranks hold each element of ``t``'s local data: the sizes of the
+    mesh dimensions that replicate it (HSDP's replicate dimension), 1 for a
+    plain tensor. A sum of local data over every rank counts each element this often."""
+    if not is_sharded(t):
+        return 1
+    n = 1
+    for dim, place in enumerate(t.placements):
+        if place.is_replicate():
+            n *= t.device_mesh.size(dim)
+    return n
+
+
 def local(t: Tensor) -> Tensor:
     """The rank's own part of ``t`` (a DTensor's local shard, else ``t``)."""
     return t.to_local() if type(t) is not Tensor and is_sharded(t) else t

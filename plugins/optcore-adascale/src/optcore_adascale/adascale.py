@@ -311,7 +311,9 @@ class AdaScaleSGD(Optimizer):
             return
         local = torch.stack([_sum64(parts, self._device) for parts in self._pending])
         if getattr(self, "_fsdp", False):  # the shards' .grad are reduced by now: |g|^2 travels with the per-worker sums
-            shards = [[_squared_norm(p.grad) for p in g["params"] if p.grad is not None] for g in self.param_groups]
+            # each element once: a shard replicated over HSDP's replicate dimension counts once per copy
+            shards = [[_squared_norm(p.grad) / _sharded.copies(p.grad) for p in g["params"] if p.grad is not None]
+                      for g in self.param_groups]
             both = torch.cat([local, torch.stack([_sum64(parts, self._device) for parts in shards])])
             dist.all_reduce(both)
             local, self._acc.total = both[: len(local)], both[len(local) :]

@@ -135,8 +135,9 @@ def non_finite(tensors: Sequence[Tensor], unscale: float = 1.0) -> bool:
     if meshes:
         mesh = next(iter(meshes.values()))
         total = torch.stack(found).sum().reshape(1) if found else torch.zeros(1, device=mesh.device_type)
-        for each in meshes.values():  # one rank's overflow skips the step on every rank
-            torch.distributed.all_reduce(total, group=each.get_group())
+        for each in meshes.values():  # one rank's overflow skips the step on every rank of every mesh dimension
+            for group in each.get_all_groups():
+                torch.distributed.all_reduce(total, group=group)
         return bool(total.item() > 0)
     return bool(torch.stack(found).sum() > 0) if found else False
 
