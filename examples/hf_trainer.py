@@ -4,8 +4,7 @@ The one-liner: :func:`optcore.integrations.hf.optimizers` returns
 ``(optimizer, scheduler)`` from one optcore config, which is exactly what
 ``Trainer(optimizers=...)`` takes (the schedule's length is ``args.max_steps``)::
 
-    import optcore
-from optcore.integrations import hf
+    from optcore.integrations import hf
     trainer = Trainer(model, args, train_dataset=data, optimizers=hf.optimizers(config, model, args),
                       callbacks=[hf.ContractCallback()])
 
@@ -47,6 +46,7 @@ from typing import Any
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+import optcore
 from optcore.integrations import hf
 
 CONFIG = {

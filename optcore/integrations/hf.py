@@ -61,7 +61,7 @@ from .unwrap import unwrap
 __all__ = [
     "OPTIM_TABLE",
     "AppliedLR",
-    "ContractCallback",
+    "ContractCallback",  # noqa: F822  (made by __getattr__ below)
     "HFOptim",
     "OptcoreFactory",
     "config_from_training_args",
