@@ -184,3 +184,13 @@ def test_timms_protocol_group_matcher_and_no_weight_decay():
         "layer_3_no_decay": ["head.bias"],
     }
     assert {g["name"]: g["lr_scale"] for g in optimizer.param_groups}["layer_0_decay"] == 0.125
+
+
+def test_a_precision_wrapper_hands_layer_decay_to_the_optimizer_inside():
+    pytest.importorskip("optcore_fp16")
+    model = TinyGPT().to(torch.bfloat16)
+    wrapper = optcore.build_optimizer({**CONFIG, "precision": "bf16"}, model)
+    inner = optcore.unwrap(wrapper)
+    inner = getattr(inner, "optimizer", inner)  # the optimizer the wrapper steps
+    assert sorted({g["lr_scale"] for g in inner.param_groups}) == [0.0625, 0.125, 0.25, 0.5, 1.0]
+    assert all(g["lr"] == pytest.approx(1e-3 * g["lr_scale"]) for g in inner.param_groups)
