@@ -5,7 +5,13 @@ The one-liner: :func:`optcore.integrations.hf.optimizers` returns
 ``Trainer(optimizers=...)`` takes (the schedule's length is ``args.max_steps``)::
 
     from optcore.integrations import hf
-    trainer = Trainer(model, args, train_dataset=data, optimizers=hf.optimizers(config, model, args))
+    trainer = Trainer(model, args, train_dataset=data, optimizers=hf.optimizers(config, model, args),
+                      callbacks=[hf.ContractCallback()])
+
+``hf.ContractCallback()`` keeps the optcore contract on ``trainer.optimizer``
+(the Trainer wraps it in accelerate's ``AcceleratedOptimizer``, which would
+hide it): ``trainer.optimizer.get_lr()``, ``.clip_grad_norm(1.0)``,
+``.step(scale=...)``, ``.load_state_dict(sd, optimizer_overrides=...)``.
 
 optcore puts biases and norm weights in a ``weight_decay=0`` group itself
 (as the Trainer would), validates every hyper-parameter, and the optimizer is
@@ -17,7 +23,8 @@ the model) and keep its own ``lr_scheduler_type`` / ``warmup_steps``, give
 ``optimizer_cls_and_kwargs`` optcore's factory and the optimizer config::
 
     trainer = Trainer(model, args, train_dataset=data,
-                      optimizer_cls_and_kwargs=hf.optimizer_cls_and_kwargs({"type": "optcore-lion:Lion", "lr": 3e-4}))
+                      optimizer_cls_and_kwargs=hf.optimizer_cls_and_kwargs({"type": "optcore-lion:Lion", "lr": 3e-4}),
+                      callbacks=[hf.ContractCallback()])
 
 The optcore config wins over ``TrainingArguments.learning_rate`` /
 ``weight_decay`` / ``adam_*`` (``hf.optimizers`` warns when they were set).
@@ -39,6 +46,7 @@ from typing import Any
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+import optcore
 from optcore.integrations import hf
 
 CONFIG = {
@@ -93,6 +101,7 @@ def train_with_optimizers(output_dir: str, steps: int = 6, config: dict[str, Any
         args,
         train_dataset=RepeatingTokens(),
         optimizers=hf.optimizers(config, model, args),
+        callbacks=[hf.ContractCallback()],  # trainer.optimizer keeps get_lr(), clip_grad_norm(), step(scale=), ...
     )
     trainer.train()
     return trainer
@@ -105,6 +114,7 @@ def train_with_factory(output_dir: str, steps: int = 6, optimizer: dict[str, Any
         training_args(output_dir, steps),
         train_dataset=RepeatingTokens(),
         optimizer_cls_and_kwargs=hf.optimizer_cls_and_kwargs(optimizer),
+        callbacks=[hf.ContractCallback()],
     )
     trainer.train()
     return trainer
@@ -114,7 +124,8 @@ def train_adafactor_relative_step(output_dir: str, steps: int = 6) -> Trainer:
     """Adafactor computing its own step size: the Trainer logs the lr it applies, not ``None``."""
     model, args = tiny_model(), training_args(output_dir, steps)
     config = {"type": "optcore-adafactor:Adafactor"}  # lr unset: relative_step=True
-    trainer = Trainer(model, args, train_dataset=RepeatingTokens(), optimizers=hf.optimizers(config, model, args))
+    trainer = Trainer(model, args, train_dataset=RepeatingTokens(), optimizers=hf.optimizers(config, model, args),
+                      callbacks=[hf.ContractCallback()])
     trainer.train()
     return trainer
 
@@ -126,6 +137,6 @@ if __name__ == "__main__":
             losses = [round(e["loss"], 3) for e in trainer.state.log_history if "loss" in e]
             lrs = [e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e]
             print(
-                f"{train.__name__}: {type(trainer.optimizer.optimizer).__name__}, "
+                f"{train.__name__}: {type(optcore.unwrap(trainer.optimizer)).__name__}, "
                 f"losses {losses[0]} -> {losses[-1]}, lr {lrs[0]:.2e} -> {lrs[-1]:.2e}"
             )

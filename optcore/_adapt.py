@@ -60,16 +60,17 @@ class _FusedScaleMixin(ContractMixin):
         if scale == 1.0 or not self.supports_step_with_scale:
             return super()._scaled_step(scale)
         device = self.param_groups[0]["params"][0].device
-        previous = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler
+        # set by torch.amp.GradScaler: a tensor, or None after its unscale_ (and deleted by it after the step)
+        had, previous = "grad_scale" in vars(self), getattr(self, "grad_scale", None)
         combined = torch.as_tensor(scale, dtype=torch.float32, device=device)  # what fused kernels take
         self.grad_scale = combined if previous is None else combined * previous.to(device)
         try:
             self._base_step(None)
         finally:
-            if previous is None:
-                del self.grad_scale
-            else:
+            if had:
                 self.grad_scale = previous
+            else:
+                del self.grad_scale
 
 
 def capabilities(target: type) -> dict[str, bool | str]:

@@ -12,6 +12,7 @@ from ._errors import ConfigError
 from ._literals import parse_optim_args
 from ._values import as_flag, short_repr
 from .guards import check_nesting
+from .layerwise import layer_decay_value
 
 
 def to_plain(config: Any) -> Any:
@@ -98,7 +99,7 @@ def merge_kwargs(cfg: dict[str, Any], key: str) -> None:
 
 
 #: Keys about the parameters, not the optimizer: a wrapper hands them inward.
-PARAM_KEYS = ("param_groups", "no_decay", "optim_args")
+PARAM_KEYS = ("param_groups", "no_decay", "layer_decay", "optim_args")
 MAX_CHAIN = 8
 
 
@@ -131,6 +132,8 @@ def chain(config: Any, rewrite_hook: Any = None) -> list[dict[str, Any]]:
     merge_kwargs(links[-1], "optim_args")
     if "no_decay" in links[-1]:
         links[-1]["no_decay"] = no_decay_flag(links[-1]["no_decay"])
+    if links[-1].get("layer_decay") is not None:
+        links[-1]["layer_decay"] = layer_decay_value(links[-1]["layer_decay"])
     if "param_groups" in links[-1]:
         links[-1]["param_groups"] = _group_list(links[-1]["param_groups"])
     return links

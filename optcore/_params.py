@@ -1,6 +1,6 @@
 """Param groups from a model or tensors. Each named parameter gets, weakest
-first: the no-decay default (API.md), hook plugins' policies, the config's
-regex ``param_groups`` (:mod:`._group_rules`); equal overrides share a group.
+first: the no-decay default (API.md), ``layer_decay`` (:mod:`.layerwise`), hook
+plugins' policies, the config's regex ``param_groups`` (:mod:`._group_rules`); equal overrides share a group.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ._errors import ConfigError
 from ._config import no_decay_flag
+from ._errors import ConfigError
 from ._group_rules import lr_scale_value, match
+from .layerwise import assign_layers, refuse_ungroupable
 
 _NORM_TYPES: tuple[type, ...] = (
     nn.modules.normalization.LayerNorm,
@@ -100,15 +101,18 @@ def build_param_groups(
     leaf_only: bool = True,
     rules: tuple[tuple[str, object, str], ...] = (),
     owner: str = "",
+    layer_decay: float | None = None,
 ) -> list[dict[str, Any]]:
     """``weight_decay`` is the optimizer's: no no-decay group unless it is
     non-zero. ``leaf_only=False`` is for ``differentiable=True``. ``rules``: what
-    the class ``owner`` takes of each parameter (``_torch_facts.PARAM_RULES``)."""
+    the class ``owner`` takes of each parameter (``_torch_facts.PARAM_RULES``); ``layer_decay``: :mod:`.layerwise`."""
     if isinstance(params_or_model, (list, tuple)) and params_or_model and all(
         isinstance(g, Mapping) for g in params_or_model
     ):
         if param_groups:
             raise ConfigError("Give either explicit param-group dicts or regex 'param_groups' in the config, not both.")
+        if layer_decay is not None:
+            refuse_ungroupable(explicit_groups=True)
         groups = []
         for i, group in enumerate(params_or_model):
             if "params" not in group:
@@ -137,6 +141,8 @@ def build_param_groups(
             "'param_groups' select parameters by name, but the parameters were given without names; "
             "pass the model (nn.Module) or a dict of name -> tensor."
         )
+    layered = assign_layers(params_or_model, named, layer_decay, no_decay_names is not None) if layer_decay else None
+    no_decay_names = set(layered.no_decay) if layered and layered.no_decay is not None else no_decay_names  # timm's rule
     no_decay = no_decay if isinstance(no_decay, bool) else no_decay_flag(no_decay)  # a plan parsed it already
     decay_split = bool(no_decay and weight_decay and no_decay_names is not None)
     names = [n for n, _ in named if n is not None]
@@ -145,6 +151,8 @@ def build_param_groups(
     for (name, p), matched in zip(named, per_name):
         no_decay_here = decay_split and name in no_decay_names  # type: ignore[operator]
         overrides: dict[str, Any] = {"weight_decay": 0.0} if no_decay_here else {}
+        if layered is not None:
+            overrides.update(layered.overrides(name, bool(no_decay) and name in no_decay_names))  # type: ignore[operator,arg-type]
         overrides.update(matched)
         key = tuple(sorted((k, _hashable(v)) for k, v in overrides.items()))
         buckets.setdefault(key, {"overrides": overrides, "params": []})["params"].append(p)

@@ -41,6 +41,7 @@ class BuildPlan:
     explicit: frozenset[str] = frozenset()
     group_specs: tuple[Mapping[str, Any], ...] = ()
     no_decay: bool = True
+    layer_decay: float | None = None  # the config's rate (:mod:`.layerwise`), None when off
     inner: BuildPlan | None = None
     groups: tuple[dict[str, Any], ...] | None = field(default=None, repr=False)
     implementation: str | None = None
@@ -110,7 +111,7 @@ def _plan_optimizer(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: A
             problems=[("optimizer", "missing")],
         )
     group_specs = [dict(g) for g in cfg.pop("param_groups", None) or []]
-    no_decay = cfg.pop("no_decay", True)
+    no_decay, layer_decay = cfg.pop("no_decay", True), cfg.pop("layer_decay", None)
     fallback, in_backward = cfg.pop("fallback", None), cfg.pop("step_in_backward", False)
     _reject_plugin_keys(spec, cfg)
     try:
@@ -130,6 +131,7 @@ def _plan_optimizer(spec: OptimizerSpec, cfg: dict[str, Any], params_or_model: A
         explicit=frozenset(cfg),
         group_specs=tuple(MappingProxyType(g) for g in group_specs),
         no_decay=no_decay,
+        layer_decay=layer_decay,
         hooks=hooks,
         step_in_backward=in_backward is not False and composite.backward_flag(in_backward),
     )
@@ -200,6 +202,7 @@ def _with_params(plan_: BuildPlan, params_or_model: Any) -> BuildPlan:
         leaf_only=not hparams.get("differentiable", False),  # torch steps non-leaf params only then
         rules=PARAM_RULES.get(spec.name, ()) if spec.source == "torch" else (),
         owner=spec.name,
+        layer_decay=plan_.layer_decay,
     )
     return with_groups(plan_, groups)
 

@@ -3,7 +3,7 @@
 A hyper-parameter schema alone would flag ``type:`` in every real file, so the
 exported schemas describe what a file holds: ``type`` (the spellings that
 select this optimizer), the hyper-parameters, the build keys every optimizer
-config takes (``param_groups``, ``optim_args``, ``no_decay``) and the keys
+config takes (``param_groups``, ``optim_args``, ``no_decay``, ``layer_decay``) and the keys
 installed plugins add (hook ``optcore_config_keys``: ``precision``,
 ``loss_scaler``, ...). ``--all`` is one schema for every file optcore reads:
 an optimizer config, a run file (``{"optimizer", "lr_scheduler",
@@ -45,6 +45,12 @@ BUILD_KEYS: dict[str, Any] = {
     "no_decay": {
         "description": "put biases and normalisation weights in a weight_decay=0 group (default true)",
         "type": "boolean",
+    },
+    "layer_decay": {
+        "description": "layer-wise lr decay (timm's): layer i of 0..L trains at lr * layer_decay ** (L - i)",
+        "type": ["number", "null"],
+        "exclusiveMinimum": 0,
+        "maximum": 1,
     },
 }
 

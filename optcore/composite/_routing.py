@@ -32,7 +32,7 @@ from ..placement import ShardedMuon, is_dtensor, layout_problem
 HEAD_NAMES = frozenset({"lm_head", "head", "classifier", "fc_out", "output_layer", "output_projection", "logits", "score"})
 _EMBEDDING_NAME = re.compile(r"(^|[._])(embed\w*|wte|wpe|word_embeddings|tok_embeddings)($|[._])")
 #: Keys of a fallback's or group optimizer's config that belong to the composite, not to it.
-_PARAM_KEYS = ("param_groups", "no_decay", "fallback", "step_in_backward")
+_PARAM_KEYS = ("param_groups", "no_decay", "layer_decay", "fallback", "step_in_backward")
 
 
 def matrix_only(target: Any) -> bool:
@@ -126,7 +126,7 @@ def _route(plan_: Any, parts: dict[str, Any], fallback: str | None, group_specs:
     decays = [p.hparams.get("weight_decay") for p in parts.values() if "weight_decay" in p.spec.schema.model_fields]
     groups = build_param_groups(
         params_or_model, group_specs, weight_decay=next((w for w in decays if w), None), no_decay=plan_.no_decay,
-        policies=policies,
+        policies=policies, layer_decay=plan_.layer_decay,
     )
     names = _names(params_or_model)
     avoid = _avoid(model, names)

@@ -32,7 +32,13 @@ schedule of the Trainer's would fail on it, and ``learning_rate`` would log as
 ``get_last_lr()`` (what the Trainer logs) is the step size the optimizer
 applied.
 
-``transformers`` is imported only by the functions that need it.
+The Trainer wraps the optimizer in accelerate's ``AcceleratedOptimizer``,
+which hides the contract; ``callbacks=[hf.ContractCallback()]`` gives
+``trainer.optimizer`` the contract again when training starts (``get_lr``,
+``clip_grad_norm``, ``step(scale=)``, ... with accelerate's step rules kept).
+
+``transformers`` is imported only by the functions that need it (and by
+``ContractCallback``, when it is first asked for).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from .unwrap import unwrap
 __all__ = [
     "OPTIM_TABLE",
     "AppliedLR",
+    "ContractCallback",  # noqa: F822  (made by __getattr__ below)
     "HFOptim",
     "OptcoreFactory",
     "config_from_training_args",
@@ -62,6 +69,16 @@ __all__ = [
     "optimizer_cls_and_kwargs",
     "optimizers",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``ContractCallback`` subclasses transformers' ``TrainerCallback``, so it
+    is imported when first asked for, not with this module."""
+    if name == "ContractCallback":
+        from ._hf_contract import ContractCallback
+
+        return ContractCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------ one config, two ways in

@@ -57,6 +57,25 @@ def test_grad_scaler_interoperates(model):
     assert scaler.get_scale() == 256.0
 
 
+@pytest.mark.parametrize("unscaled_first", [False, True])
+def test_step_with_scale_under_grad_scaler_on_a_fused_torch_class(model, unscaled_first):
+    """GradScaler sets ``grad_scale`` (None after its ``unscale_``, as before
+    clipping) and deletes it after the step: ``step(scale=)`` leaves it as it was."""
+    opt = optcore.build_optimizer({"type": "SGD", "lr": 0.1}, model)
+    assert opt.supports_step_with_scale  # torch's fused SGD: the scale goes to the kernel
+    scaler = torch.amp.GradScaler("cpu", init_scale=16.0)
+    scaler.scale(model(torch.randn(8, 4)).pow(2).mean()).backward()
+    grads = [p.grad / 16.0 for p in model.parameters()]
+    expected = [p.detach() - 0.1 * g / 2.0 for p, g in zip(model.parameters(), grads)]
+    if unscaled_first:
+        scaler.unscale_(opt)
+    scaler.step(opt, scale=2.0)
+    scaler.update()
+    assert "grad_scale" not in vars(opt)
+    for p, e in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.detach(), e)
+
+
 def test_clip_grad_norm(model):
     opt = optcore.build_optimizer("SGD", model)
     _grads(model)

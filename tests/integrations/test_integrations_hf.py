@@ -19,6 +19,7 @@ pytest.importorskip("accelerate", reason="the Trainer needs accelerate (optcore[
 
 from transformers import Trainer, TrainingArguments  # noqa: E402
 from transformers.training_args import OptimizerNames  # noqa: E402
+from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
 
 from optcore.integrations import hf  # noqa: E402
 
@@ -164,7 +165,7 @@ def test_relative_step_adafactor_with_the_pass_through_schedule_logs_its_step_si
 def test_unwrap_reaches_the_optcore_optimizer_inside_the_trainers_wrapper(example, tmp_path):
     trainer = example.train_with_optimizers(str(tmp_path), steps=2)
     wrapper = trainer.optimizer
-    assert type(wrapper).__name__ == "AcceleratedOptimizer"
+    assert isinstance(wrapper, AcceleratedOptimizer)
     inner = optcore.unwrap(wrapper)
     assert type(inner).__module__.startswith("optcore_lion")
     assert inner.get_lr() == pytest.approx(trainer.lr_scheduler.get_last_lr()[0])
@@ -182,3 +183,56 @@ def test_relative_step_adafactor_logs_the_lr_it_applies(example, tmp_path):
     inner = optcore.unwrap(trainer.optimizer)
     assert inner.param_groups[0]["lr"] is None  # still relative-step: the schedule changed nothing
     assert logged[-1] == pytest.approx(inner.get_lr())  # the step size applied at the last step
+
+
+def _contract_through(trainer: Trainer) -> None:
+    """The contract methods through ``trainer.optimizer`` (accelerate's wrapper) do
+    what they do on the optcore optimizer inside."""
+    wrapper, inner = trainer.optimizer, optcore.unwrap(trainer.optimizer)
+    assert isinstance(wrapper, AcceleratedOptimizer) and wrapper is not inner
+    assert wrapper.get_lr() == inner.get_lr() == pytest.approx(trainer.lr_scheduler.get_last_lr()[0])
+    for flag in ("supports_memory_efficient_fp16", "supports_step_with_scale", "supports_flat_params", "supports_groups",
+                 "sharding"):  # fmt: skip
+        assert getattr(wrapper, flag) == getattr(inner, flag), flag
+    assert wrapper.optimizer_config == inner.optimizer_config
+
+    model = trainer.model
+    wrapper.set_lr(0.01)
+    assert inner.get_lr() == pytest.approx(0.01)
+    batch = trainer.train_dataset[0]
+    model(input_ids=batch["input_ids"][None], labels=batch["labels"][None]).loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    total = torch.nn.utils.get_total_norm(list(grads.values()))
+    torch.testing.assert_close(wrapper.clip_grad_norm(0.0), total)  # measures only
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    wrapper.step(scale=4.0)  # SGD: p -= lr * g / scale
+    for n, p in model.named_parameters():
+        if n in grads:
+            torch.testing.assert_close(p.detach(), before[n] - 0.01 * grads[n] / 4.0)
+    wrapper.zero_grad()
+
+    saved = wrapper.state_dict()
+    wrapper.load_state_dict(saved, optimizer_overrides={"lr": 0.002})
+    assert wrapper.get_lr() == pytest.approx(0.002) and inner.get_lr() == pytest.approx(0.002)
+
+
+def test_the_contract_through_trainer_optimizer_with_optimizers(example, tmp_path):
+    """``Trainer(optimizers=hf.optimizers(...), callbacks=[hf.ContractCallback()])``,
+    as docs/integrations.md and examples/hf_trainer.py say."""
+    config = {"optimizer": {"type": "SGD", "lr": 0.05}, "lr_scheduler": {"type": "cosine", "warmup_steps": 1}}
+    trainer = example.train_with_optimizers(str(tmp_path), steps=2, config=config)
+    assert trainer.state.global_step == 2
+    _contract_through(trainer)
+
+
+def test_the_contract_through_trainer_optimizer_with_the_factory(example, tmp_path):
+    trainer = example.train_with_factory(str(tmp_path), steps=2, optimizer={"type": "SGD", "lr": 0.05})
+    _contract_through(trainer)
+
+
+def test_the_contract_callback_refuses_an_optimizer_optcore_did_not_build(example, tmp_path):
+    model, args = example.tiny_model(), example.training_args(str(tmp_path), 1)
+    trainer = Trainer(model, args, train_dataset=example.RepeatingTokens(), callbacks=[hf.ContractCallback()])
+    with pytest.raises(optcore.ConfigError, match="No optcore optimizer inside AcceleratedOptimizer -> AdamW"):
+        trainer.train()
+    assert trainer.state.global_step == 0
