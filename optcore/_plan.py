@@ -25,7 +25,7 @@ from ._registry import resolve
 from ._schema import validate_groups, validate_hparams
 from ._spec import OptimizerSpec
 from ._torch_facts import PARAM_RULES
-from .placement import refuse_on_shards
+from .placement import deepspeed_client_model, plan_without_names, refuse_on_shards
 
 #: Plugin-owned config keys, only to name the plugin when none claims one.
 PLUGIN_KEY_HINTS = dict.fromkeys(("precision", "memory_efficient", "loss_scaler"), "optcore-fp16")
@@ -71,6 +71,14 @@ def plan(config: Any, params_or_model: Any = None, *, allow_import_paths: bool |
     """The :class:`BuildPlan` for ``config`` (over ``params_or_model`` if given);
     raises what a build would. ``allow_import_paths=False`` (or
     ``OPTCORE_ALLOW_IMPORT_PATHS=0``): only registered and plugin optimizers."""
+    if params_or_model is not None and not isinstance(params_or_model, torch.nn.Module):
+        model = deepspeed_client_model()  # None unless DeepSpeed calls a client optimizer callable
+        if model is not None:  # its bare tensors: refused where the model's names would change the groups
+            return plan_without_names(params_or_model, model, lambda over: _plan(config, over, allow_import_paths))
+    return _plan(config, params_or_model, allow_import_paths)
+
+
+def _plan(config: Any, params_or_model: Any, allow_import_paths: bool | None) -> BuildPlan:
     hooks = get_plugin_manager().hook
     links = chain(config, hooks.optcore_rewrite_config)
     specs = [resolve(link.pop("type"), allow_import_paths=allow_import_paths) for link in links]

@@ -42,6 +42,11 @@ stage 0 without those sections they step as on one process. For an elementwise o
 ``zero_allow_untested_optimizer`` (unless the JSON sets it), since that
 optimizer steps a flat slice exactly as it steps the whole tensors.
 
+``deepspeed.initialize(optimizer=callable)`` without this module calls the
+callable with bare tensors; ``optcore.build_optimizer(config, params)`` inside
+it is refused where the model's names would give other param groups
+(:mod:`optcore.placement._callable`).
+
 ``deepspeed`` is imported only when :func:`initialize` runs.
 """
 

@@ -32,6 +32,9 @@ a class that declares ``fused_steps_local_shards = True`` takes them) live
 here too: they are about where parameters and state live, and so does
 :class:`ShardedMuon` (:mod:`._owned`), the plan's Muon over FSDP2's shards:
 each whole matrix orthogonalised on an owner rank, the rest on local rows.
+:mod:`._callable` finds DeepSpeed's client optimizer callable on the stack and
+refuses the bare tensors it is handed where the engine's model's names would
+give other param groups (:func:`plan_without_names`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError
+from ._callable import deepspeed_client_model as deepspeed_client_model
+from ._callable import plan_without_names as plan_without_names
 from ._dcp_flat import dcp_code, frame_of
 from ._dcp_flat import flat_record as flat_record
 from ._owned import ShardedMuon, is_dtensor, layout_problem

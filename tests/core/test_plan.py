@@ -171,3 +171,41 @@ def test_an_optimizer_key_on_a_class_that_wraps_nothing_is_named():
         optcore.plan(dict(config))
     assert info.value.problems[0][0] == "optimizer"
     assert "not a wrapper" in check_config(dict(config))[0]
+
+
+# ------------------------------------------------------------------ bare tensors from DeepSpeed's optimizer callable
+def _under_deepspeed_callable(monkeypatch, owner: torch.nn.Module) -> None:
+    """As inside ``deepspeed.initialize(optimizer=callable)``: the engine's model
+    is found on the stack (the real frame is tested on gloo ranks in
+    tests/integrations/test_integrations_deepspeed.py)."""
+    monkeypatch.setattr("optcore._plan.deepspeed_client_model", lambda: owner)
+
+
+def test_bare_tensors_outside_deepspeed_are_one_decayed_group_as_torch_makes():
+    m = model()
+    opt = optcore.build_optimizer({"type": "AdamW", "weight_decay": 0.1}, m.parameters())
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1]
+
+
+def test_bare_tensors_from_deepspeeds_callable_are_refused_where_names_change_the_groups(monkeypatch):
+    m = model()
+    _under_deepspeed_callable(monkeypatch, m)
+    with pytest.raises(optcore.ConfigError, match=r"3 of the 4 parameters \('0.bias', '1.weight', '1.bias'\)"):
+        optcore.build_optimizer({"type": "AdamW", "weight_decay": 0.1}, m.parameters())
+    composite = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4, bias=False))
+    _under_deepspeed_callable(monkeypatch, composite)
+    no_names = pytest.warns(UserWarning, match="given without a name")  # the composite's own warning
+    with pytest.raises(optcore.ConfigError, match=r"'0.weight' gets optimizer=.*AdamW.* over the model and .*Muon"), no_names:
+        optcore.plan({"type": "torch:Muon", "lr": 0.02, "fallback": {"type": "AdamW"}}, list(composite.parameters()))
+
+
+def test_bare_tensors_from_deepspeeds_callable_build_where_names_change_nothing(monkeypatch):
+    m = model()
+    _under_deepspeed_callable(monkeypatch, m)
+    for config in ({"type": "AdamW", "weight_decay": 0.1, "no_decay": False}, {"type": "AdamW", "weight_decay": 0.0}):
+        opt = optcore.build_optimizer(config, (p for p in m.parameters()))  # an iterator, read once
+        assert [len(g["params"]) for g in opt.param_groups] == [4]
+    named = optcore.build_optimizer({"type": "AdamW", "weight_decay": 0.1}, m.named_parameters())  # names given
+    assert sorted(g["weight_decay"] for g in named.param_groups) == [0.0, 0.1]
+    other = torch.nn.Linear(2, 2)  # tensors that are not the engine's model's: nothing to compare with
+    assert len(optcore.build_optimizer({"type": "AdamW", "weight_decay": 0.1}, other.parameters()).param_groups) == 1

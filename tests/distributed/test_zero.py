@@ -248,3 +248,63 @@ def test_a_hand_built_zero_around_a_global_optimizer_fails_at_its_first_step():
         assert "sharding='global'" in info["error"] and "ranks step different parameters" in info["error"]
         assert "zero_redundancy" in info["error"] and "DDP" in info["error"]
         assert not info["moved"]
+
+
+# ------------------------------------------------------------------ ZeRO built by hand: the groups are what it is given
+NO_DECAY_CONFIG = {"type": "AdamW", "lr": 1e-2, "weight_decay": 0.1}
+
+
+def _hand_built_groups_worker(rank: int, world: int) -> dict:
+    """Hand-built ZeRO under DDP on half the batch: over ``model.parameters()``
+    with a class and its keyword arguments, and over the plan's own groups."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def run(make) -> list[torch.Tensor]:
+        model = _model()
+        ddp, zero = DDP(model), make(model)
+        for x, y in _batches(5):
+            zero.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x[rank::world]), y[rank::world]).backward()
+            zero.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    def planned(model: torch.nn.Module):
+        built = optcore.plan(dict(NO_DECAY_CONFIG), model)
+        groups = [dict(g) for g in built.groups]
+        return ZeroRedundancyOptimizer(groups, optimizer_class=built.spec.target, **built.hparams)
+
+    out = {"plan's groups": run(planned)}
+    for label, config in _CLASS_ROUTES.items():
+        if _installed(config):
+            cls = optcore.resolve(config["type"]).target
+            out[label] = run(lambda m, cls=cls: ZeroRedundancyOptimizer(
+                m.parameters(), optimizer_class=cls, lr=1e-2, weight_decay=0.1))
+    return out
+
+
+#: classes handed to ZeRO by hand: torch's own and a plugin's (optcore-lion's contract class)
+_CLASS_ROUTES = {"torch AdamW class": {"type": "torch:AdamW"}, "optcore-lion class": {"type": "optcore-lion:Lion"}}
+
+
+def test_a_hand_built_zero_steps_the_groups_it_is_given():
+    """ZeRO's ``optimizer_class`` route is torch's ``cls(params, **kwargs)`` on each
+    shard: over ``model.parameters()`` every parameter is decayed, exactly as the
+    same call on one process (optcore never sees a config or a name there). The
+    plan's groups reach ZeRO by hand too: ``optcore.plan(config, model).groups``
+    as its params give what ``build_optimizer(config, model)`` gives."""
+    planned_model = _model()
+    want_planned = _train(optcore.build_optimizer(dict(NO_DECAY_CONFIG), planned_model), planned_model, 5)
+    results = run_ranks(_hand_built_groups_worker, 2, timeout=240)
+    for rank, info in enumerate(results):
+        for a, b in zip(info["plan's groups"], want_planned):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, r=rank: f"rank {r}, plan's groups: {m}")
+        assert "torch AdamW class" in info
+        for label in set(info) - {"plan's groups"}:
+            model = _model()
+            cls = optcore.resolve(_CLASS_ROUTES[label]["type"]).target
+            want = _train(cls(model.parameters(), lr=1e-2, weight_decay=0.1), model, 5)
+            for a, b in zip(info[label], want):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, r=rank, k=label: f"rank {r}, {k}: {m}")
+        # the class route is not the plan: LayerNorm's weight (1.0 at the start) decays there and not in the plan
+        assert (info["torch AdamW class"][2] - want_planned[2]).abs().max() > 1e-3

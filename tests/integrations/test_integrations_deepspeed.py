@@ -368,3 +368,103 @@ def test_a_factored_client_optimizer_refuses_deepspeeds_flat_partitions_at_its_f
     assert "flat 1-D partition" in info["error"] and "sharding='factored'" in info["error"]
     assert "optcore.integrations.deepspeed" in info["error"]
     assert not info["moved"]
+
+
+# ------------------------------------------------------------------ deepspeed.initialize(optimizer=callable)
+CALLABLE_CONFIG = {"type": "AdamW", "lr": 1e-2, "weight_decay": 0.1}
+
+#: label -> (the optcore config the callable builds, the stages it runs at)
+CALLABLES = {
+    "no-decay default": (CALLABLE_CONFIG, (0, 1, 2)),  # the names would make a no-decay group: refused
+    "no_decay false": ({**CALLABLE_CONFIG, "no_decay": False}, (0, 1, 2)),  # every parameter decayed on purpose
+    "no weight decay": ({"type": "SGD", "lr": 0.05, "momentum": 0.9}, (0,)),  # names change nothing: built
+    "regex groups": ({"type": "SGD", "lr": 0.05, "param_groups": [{"params": r"^2\.", "lr_scale": 0.5}]}, (0,)),
+}
+
+
+def _train_engine(engine, rank: int, world: int) -> None:
+    n = BATCH // world
+    for x, y in _batches():
+        engine.backward(torch.nn.functional.mse_loss(engine(x[rank * n : (rank + 1) * n]), y[rank * n : (rank + 1) * n]))
+        engine.step()
+
+
+def _callable_runs(rank: int, world: int) -> dict:
+    """``deepspeed.initialize`` called directly, with ``model_parameters`` and an
+    optimizer callable that builds with optcore (DeepSpeed hands it bare
+    tensors), and with an optimizer optcore built over the model."""
+    import deepspeed
+
+    _skip_shm_kernel()
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+
+    def ds_config(stage: int) -> dict:
+        config = {**_ds_config({}, stage, world), "zero_allow_untested_optimizer": True}
+        del config["optimizer"]
+        return config
+
+    results: dict = {}
+    for label, (config, stages) in CALLABLES.items():
+        for stage in stages:
+            model = _model()
+            try:
+                engine, _, _, _ = deepspeed.initialize(
+                    model=model, model_parameters=model.parameters(), config=ds_config(stage),
+                    optimizer=lambda params, config=config: optcore.build_optimizer(dict(config), params),
+                )
+            except optcore.ConfigError as exc:
+                results[label, stage] = str(exc)
+                continue
+            _train_engine(engine, rank, world)
+            results[label, stage] = [p.detach().clone() for p in model.parameters()]
+            engine.destroy()
+    for stage in (0, 1, 2):  # the optimizer itself, built over the model
+        model = _model()
+        built = optcore.build_optimizer(dict(CALLABLE_CONFIG), model)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=built, config=ds_config(stage))
+        _train_engine(engine, rank, world)
+        results["built over the model", stage] = [p.detach().clone() for p in model.parameters()]
+        engine.destroy()
+    return results
+
+
+def _one_process(config: dict) -> list[torch.Tensor]:
+    model = _model()
+    opt = optcore.build_optimizer(dict(config), model)
+    for x, y in _batches():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def test_an_optimizer_callable_whose_groups_need_names_is_refused_and_the_others_step_as_one_process():
+    """DeepSpeed calls ``optimizer=callable`` with bare tensors: where the model's
+    names would give other groups (the no-decay group of biases and LayerNorm,
+    regex ``param_groups``) the build is refused by name, since it would decay
+    every parameter and differ from ``build_optimizer(config, model)`` without a
+    word; where they change nothing, and for the optimizer built over the model,
+    every ZeRO stage steps as one process on the full batch."""
+    for rank, results in enumerate(run_ranks(_callable_runs, 2, timeout=300)):
+        for stage in (0, 1, 2):
+            error = results["no-decay default", stage]
+            assert isinstance(error, str), f"stage {stage}: the callable decayed every parameter without an error"
+            assert "bare tensors" in error and "'1.weight'" in error and "4 of the 6 parameters" in error
+            assert "weight_decay=0.0 over the model and 0.1 bare" in error
+            assert "optimizer=optcore.build_optimizer(config, model)" in error
+            assert "optcore.integrations.deepspeed.initialize" in error and '"no_decay": false' in error
+        regex = results["regex groups", 0]
+        assert isinstance(regex, str) and "bare tensors" in regex and "select parameters by name" in regex
+        expected = {
+            "no_decay false": _one_process(CALLABLES["no_decay false"][0]),
+            "no weight decay": _one_process(CALLABLES["no weight decay"][0]),
+            "built over the model": _one_process(CALLABLE_CONFIG),
+        }
+        for (label, stage), got in results.items():
+            if label in expected:
+                for i, (a, b) in enumerate(zip(got, expected[label])):
+                    where = f"rank {rank} {label} stage {stage} #{i}"
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, w=where: f"{w}: {m}")
+        # what the refusal prevents: the same run with every parameter decayed is not build_optimizer(config, model)
+        assert (expected["no_decay false"][2] - expected["built over the model"][2]).abs().max() > 1e-3
