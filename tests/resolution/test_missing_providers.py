@@ -4,7 +4,6 @@ name that one of optcore's shipped plugins provides."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,8 @@ import torch
 import optcore
 import optcore._packages as packages
 import optcore._plugins as plugins
-from optcore._packages import KNOWN_PACKAGES, missing_provider
 from optcore._names import normalize
+from optcore._packages import KNOWN_PACKAGES, missing_provider
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 
@@ -47,6 +46,7 @@ def without(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_the_shipped_plugins_table_is_what_each_plugin_declares():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     declared = {}
     for project in sorted(PLUGINS.glob("*/pyproject.toml")):
         meta = tomllib.loads(project.read_text())["project"]
