@@ -106,13 +106,17 @@ def render_compare_time(data: dict[str, Any]) -> str:
 
 
 def render_setup_time(data: dict[str, Any]) -> str:
-    return f"{data['setup_s'] / 60:.1f} minutes ({data['how']})"
+    """The set-up time, with when and on what machine it was measured (it ages as main moves on)."""
+    return f"{data['setup_s'] / 60:.1f} minutes ({data['how']}; measured {data['setup_measured']} on {data['machine']})"
 
 
 def render_test_time(data: dict[str, Any]) -> str:
+    """The test command's time and test counts, with when and on what machine they were measured."""
     if data.get("test_s") is None:
         return "(not measured yet: time `scripts/dev test` and fill test_s and test_how in docs/results/timing.json)"
-    return f"{data['test_s'] / 60:.1f} minutes ({data['test_how']})"
+    counts = f"{data['passed']:,} passed, {data['skipped']:,} skipped, {data['xfailed']:,} xfailed"
+    return (f"{data['test_s'] / 60:.1f} minutes ({data['test_how']}; pytest itself {data['pytest_s']:.0f} s: "
+            f"{counts}; measured {data['test_measured']} on {data['machine']})")
 
 
 def render_bench_adafactor(data: dict[str, Any]) -> str:

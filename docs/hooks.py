@@ -20,6 +20,13 @@
 
   PATH is relative to the repository root. A marker that names a missing file
   or symbol stops the build with an error that says which.
+
+  A page is read as a plain file too (on a code host, where a marker is an
+  invisible comment): the line right after an ``include``, ``outline`` or
+  ``tree`` marker may be a link to the file or folder it quotes, by its path
+  relative to the page (``[lion.py](../plugins/optcore-lion/src/optcore_lion/lion.py)``).
+  The build checks that the link names what the marker quotes, and drops it,
+  since the quoted block carries the path in its title.
 """
 
 from __future__ import annotations
@@ -82,7 +89,17 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
-_MARKER = re.compile(r"<!--\s*optcore:([\w-]+)\s*(.*?)\s*-->")
+_MARKER = re.compile(r"<!--\s*optcore:([\w-]+)\s*(.*?)\s*-->(?:\n(?P<link>\[[^\]\n]+\]\((?P<target>[^)\s]+)\))[ \t]*$)?",
+                     re.MULTILINE)
+#: the markers that quote a file or folder, whose plain-file link the build checks
+_QUOTING = ("include", "outline", "tree")
+
+
+def source_link_target(page_src_uri: str, target: str) -> str:
+    """The repository path (``plugins/optcore-lion/pyproject.toml``) that a link
+    ``target`` on the page ``page_src_uri`` (relative to docs/) names."""
+    page_dir = (DOCS / page_src_uri).parent
+    return Path(os.path.relpath((page_dir / target).resolve(), ROOT)).as_posix()
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -94,6 +111,11 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         handler = _HANDLERS.get(kind)
         if handler is None:
             raise PluginError(f"{where}: unknown marker; known: {', '.join(sorted(_HANDLERS))}")
+        if match.group("link"):
+            quoted = arg.partition("::")[0].strip().rstrip("/")
+            linked = source_link_target(page.file.src_uri, match.group("target"))
+            if kind not in _QUOTING or linked != quoted:
+                raise PluginError(f"{where}: the link under it names {linked!r}, not what it quotes ({quoted!r})")
         try:
             return handler(arg, depth)
         except PluginError as exc:

@@ -24,17 +24,20 @@ class OptcoreError(Exception):
 
 
 class OptimizerNotFoundError(OptcoreError, KeyError):
-    """A ``type`` name that resolves nowhere, with the places searched and close names."""
+    """A ``type`` name that resolves nowhere, with the places searched and close names;
+    ``headline`` replaces the first line where the name says more than that it is
+    unknown (a plugin distribution that is not installed)."""
 
     kind = "optimizer"
 
     def __init__(
-        self, name: str, searched: Sequence[str] = (), suggestions: Sequence[str] = (), hint: str = ""
+        self, name: str, searched: Sequence[str] = (), suggestions: Sequence[str] = (), hint: str = "",
+        headline: str = "",
     ) -> None:
         self.name = name
         self.searched = list(searched)
         self.suggestions = list(suggestions)
-        lines = [f"No {self.kind} named {short_repr(name, 120)}."]
+        lines = [clean_text(headline, 240) if headline else f"No {self.kind} named {short_repr(name, 120)}."]
         if self.suggestions:
             lines.append("Did you mean: " + ", ".join(clean_text(s) for s in self.suggestions) + "?")
         if self.searched:

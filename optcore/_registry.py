@@ -13,7 +13,7 @@ import torch
 
 from ._errors import OptimizerNotFoundError
 from ._packages import KNOWN_PACKAGES, PackageRegistries, is_installed, load_package_class, missing_provider
-from ._plugins import OPTIMIZERS_GROUP
+from ._plugins import OPTIMIZERS_GROUP, shipped_but_off, shipped_providers
 from ._resolution import Registry, ShadowedNameWarning
 from ._spec import OptimizerSpec
 from ._torch_facts import TORCH_FACTS
@@ -74,7 +74,9 @@ def resolve(name: Any, *, allow_import_paths: bool | None = None) -> OptimizerSp
     try:
         return OPTIMIZERS.resolve(name, allow_import_paths=allow_import_paths)
     except OptimizerNotFoundError as exc:  # a name only a package that is not installed has: say which
-        if not (hint := missing_provider(name)):
+        if not isinstance(name, str) or ":" in name:
+            raise
+        if not (hint := missing_provider(name, shipped_providers(name)) or shipped_but_off(name)):
             raise
         raise OptimizerNotFoundError(exc.name, exc.searched, exc.suggestions, hint=hint) from None
 

@@ -20,8 +20,8 @@ from ._errors import ConfigError, OptimizerNotFoundError, warn_user
 from ._import_paths import ImportPaths, import_paths_allowed
 from ._values import short_repr
 from ._names import MAX_NAME_LENGTH, close_matches, normalize
-from ._packages import PackageRegistries
-from ._plugins import entry_points, switches_note
+from ._packages import PackageRegistries, is_installed
+from ._plugins import entry_points, not_provided, switches_note
 from ._spec import OptimizerSpec
 
 SOURCES = ("torch", "package", "builtin", "plugin", "user")
@@ -179,6 +179,12 @@ class Registry(ImportPaths):
             found = self.asked.find(rest, self.asked.matching(prefix), kind=self.kind, reduce_to=self._reduce_to)
             if found:
                 return found[0]
+        module_path = all(p.isidentifier() for p in prefix.split("."))
+        if not module_path or (allowed and "." not in prefix and not is_installed(prefix)):
+            # a distribution's name ("optcore-sophia"), or a top-level name no module has: say what is missing
+            headline, hint = not_provided(prefix, rest, self.group, self.kind, could_be_module=module_path)
+            raise self._not_found(text, self._searched(), close_matches(rest, self._all_names(index)),
+                                  hint=hint, headline=headline)  # fmt: skip
         return self._resolve_import(prefix, rest, text, allowed)
 
     def _spec_for_object(self, obj: Any, qualified: str | None = None, source: str = "user") -> OptimizerSpec:

@@ -19,14 +19,14 @@ from typing import Any
 from .._errors import OptcoreError
 from .._plugins import clashes as plugin_clashes
 from .._values import clean_text
-from ._output import console, table
+from ._output import console, fit_text, table
 
-_FLAG_TITLE = "fp16-mem / scale / flat / groups / sharding"
+_FLAG_TITLE = "flags, sharding"
 _LEGEND = (
     f"{_FLAG_TITLE}: the capability flags supports_memory_efficient_fp16 / supports_step_with_scale / "
-    "supports_flat_params / supports_groups (✓ true, · false) and the sharding kind (elementwise, factored, "
-    "per_tensor, global or unknown); `optcore show NAME` says what each means. ? the class failed to load; "
-    "(optcore show NAME) not known without importing the class (--all or --flags does)."
+    "supports_flat_params / supports_groups, in that order (✓ true, · false), then the sharding kind "
+    "(elementwise, factored, per_tensor, global or unknown); `optcore show NAME` says what each means. ? the "
+    "class failed to load; (optcore show NAME) not known without importing the class (--all or --flags does)."
 )
 
 
@@ -76,13 +76,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         for r in rows
     ]
     title = f"optcore {'schedulers' if args.schedulers else 'optimizers'} ({len(rows)})"
-    out = table(title, header)
+    out = table(title, header, whole=[0])  # the name is what a reader looks for: never folded
     for row_cells in cells:
         out.add_row(*row_cells)
     console().print(out)
     notes = ([_LEGEND] if flags else []) + ([] if args.all or args.schedulers else _unlisted(specs)) + clashes
     if notes:
-        console().print("\n".join(notes), highlight=False, markup=False)
+        console().print(fit_text("\n".join(notes)), highlight=False, markup=False)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 One module per role:
 
+- :mod:`.defaults`: the default line-up as data, and the line of ``--help`` that names it
 - :mod:`.lineup`: the default line-up, and entries from names or a compare file
 - :mod:`.tasks`: the task protocol and the built-in tasks (``char-lm``, ``hf-llama``, ``vision``)
 - :mod:`.train`: one training run of one config on one task (the measurements)

@@ -18,6 +18,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from .._values import clean_text
+from .defaults import lineup_text
 from .text import shown
 
 DEFAULT_STEPS = 300
@@ -536,8 +537,8 @@ def add_commands(sub: Any) -> None:
         description="Train the same small model on the same data with several optimizer configs (per seed, per lr "
         "of a sweep, or tuned with an equal budget of trials) and compare held-out loss, speed, optimizer-state "
         "memory, peak memory and skipped fp16 steps. Every run is an Optuna trial.",
-        epilog="Default line-up (the installed ones): AdamW, Adam, NAdam, SGD, RMSprop, Adagrad, Lion, Adafactor, "
-        "Prodigy, ScheduleFreeAdamW, at the learning rates of optcore.compare.lineup.DEFAULTS.",
+        epilog=f"Default line-up, each config where one of its implementations is installed (the first one): "
+        f"{lineup_text()}; at the learning rates of optcore.compare.lineup.DEFAULTS.",
     )
     p.add_argument("--optimizers", help="comma-separated names (each means what `optcore show NAME` says) or "
                    "qualified names, e.g. Lion,AdamW,optcore-lion:Lion")  # fmt: skip

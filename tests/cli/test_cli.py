@@ -175,8 +175,10 @@ def test_show_says_what_a_class_takes_of_its_parameters(capsys):
     assert json.loads(capsys.readouterr().out)["parameters"] == []
 
 
-def test_list_says_what_it_hides_and_what_its_flag_column_means(capsys):
+def test_list_says_what_it_hides_and_what_its_flag_column_means(capsys, monkeypatch):
     import optcore
+
+    monkeypatch.delenv("COLUMNS", raising=False)  # pytest-xdist's workers set 80: the notes' lines whole, as piped
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out

@@ -253,3 +253,19 @@ def test_importing_the_commands_is_cheap():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_compare_help_names_every_default_config_and_its_implementations(monkeypatch):
+    """The epilog is made from lineup.DEFAULTS, so it names what `optcore compare`
+    (and `scripts/dev demo`) runs by default, Muon+AdamW included."""
+    from optcore.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "100")
+    compare = build_parser()._subparsers._group_actions[0].choices["compare"]
+    epilog = compare.format_help().split("Default line-up", 1)[1]
+    flat = " ".join(epilog.split()).replace("- ", "-")  # argparse wraps lines, and breaks after hyphens
+    for label, candidates, _, _ in lineup.DEFAULTS:
+        assert f"{label} (" in flat, label
+        assert all(name in flat for name in candidates), (label, candidates)
+    assert {e["name"] for e in lineup.default_entries()} <= {label for label, *_ in lineup.DEFAULTS}
+    assert "Muon+AdamW (torch:Muon; the rest: torch:AdamW)" in flat

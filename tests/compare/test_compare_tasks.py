@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,6 +81,89 @@ def test_user_task_in_a_fresh_process(monkeypatch):
     here = run_one(entry, settings, isolate=False)
     assert isolated["status"] == "ok", isolated["error"]
     assert isolated["losses"] == here["losses"]
+
+
+NCTASK = """
+import torch
+
+
+class Task:
+    name = "nc-task"
+
+    def describe(self):
+        return "a linear regression beside the command"
+
+    def model(self):
+        return torch.nn.Linear(4, 1)
+
+    def batches(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            x = torch.randn(8, 4, generator=g)
+            yield x, x.sum(1, keepdim=True)
+
+    def heldout(self, seed):
+        g = torch.Generator().manual_seed(seed + 1)
+        x = torch.randn(8, 4, generator=g)
+        return [(x, x.sum(1, keepdim=True))]
+
+    def loss(self, model, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(model(x), y)
+
+
+task = Task
+"""
+
+
+def _console_script(folder: Path, task_folder: Path) -> Path:
+    """A launcher like the ``optcore`` script pip writes: its own folder, not the
+    current one, starts ``sys.path``; this test process's import folders follow
+    (so that it runs this checkout's optcore), none of them the task's folder."""
+    folder.mkdir()
+    paths = [os.path.abspath(p) for p in sys.path if p and Path(p).resolve() != task_folder.resolve()]
+    script = folder / "optcore"
+    script.write_text(f"import sys\nsys.path[1:1] = {paths!r}\nfrom optcore.cli import main\n"
+                      "if __name__ == '__main__':\n    sys.exit(main())\n")  # a spawned worker imports it too
+    return script
+
+
+def test_a_task_package_in_the_current_folder_resolves_as_python_m_finds_it(tmp_path):
+    """`optcore compare --task nctask.tasks:task` run in the folder that holds
+    ``nctask/``, without PYTHONPATH: the script's sys.path does not hold that folder,
+    and the task is found there as ``python -m`` would find it."""
+    work = tmp_path / "work"
+    (work / "nctask").mkdir(parents=True)
+    (work / "nctask" / "__init__.py").write_text("")
+    (work / "nctask" / "tasks.py").write_text(NCTASK)
+    script = _console_script(tmp_path / "bin", work)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, str(script), "compare", "--task", "nctask.tasks:task", "--optimizers", "AdamW",
+         "--steps", "3", "--quiet", "--out", str(tmp_path / "out")],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["task"]["name"] == "nc-task" and doc["task"]["spec"] == "nctask.tasks:task"
+    assert [r["status"] for r in doc["results"]] == ["ok"]  # in a spawned worker, which finds it the same way
+
+
+def test_the_current_folder_is_on_sys_path_only_for_the_tasks_import(tmp_path, monkeypatch):
+    """The folder is searched after the installed packages, for the import of the
+    task the user named, and is off ``sys.path`` again afterwards: a module path read
+    from storage or a config is resolved without it."""
+    (tmp_path / "nctask_here").mkdir()
+    (tmp_path / "nctask_here" / "__init__.py").write_text(NCTASK)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p and Path(p).resolve() != tmp_path.resolve()])
+    monkeypatch.delitem(sys.modules, "nctask_here", raising=False)
+    before = list(sys.path)
+    assert load_task("nctask_here:task").name == "nc-task"
+    assert sys.path == before
+    sys.modules.pop("nctask_here", None)
+    with pytest.raises(optcore.ConfigError, match="current folder"):
+        load_task("nctask_elsewhere:task")
 
 
 @pytest.mark.parametrize(

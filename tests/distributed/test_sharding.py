@@ -125,7 +125,8 @@ def test_a_precision_wrapper_has_its_inner_optimizers_sharding(inner: str, kind:
     assert opt.sharding == kind
 
 
-def test_list_all_and_show_print_the_sharding(capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_all_and_show_print_the_sharding(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # each row on one line, as piped
     assert main(["list", "--json", "--all"]) == 0
     rows = {r["qualified"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["torch:Muon"]["capabilities"]["sharding"] == "per_tensor"

@@ -75,6 +75,8 @@ def test_docs_markers_are_expanded_from_the_repository(site: Path) -> None:
     assert bool(re.search(r"<img[^>]*compare\.png", cli)) == plot  # the plot when it exists, a note when it does not
     for html in site.rglob("*.html"):
         assert "<!-- optcore:" not in html.read_text(encoding="utf-8"), f"unexpanded marker in {html}"
+    # the plain-file links under the markers are dropped: the quoted blocks carry the paths
+    assert not re.search(r'href="[^"]*plugins/optcore-lion', plugin)
 
 
 def test_docs_getting_started_examples_run() -> None:
@@ -122,3 +124,44 @@ def test_docs_compare_plot_is_shown_once_it_exists(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(hooks, "COMPARE_PLOT", DOCS / "img" / "schedules" / "cosine.png")  # any existing file
     assert hooks._compare_plot("", 0).endswith("(img/compare.png)")
     assert hooks._compare_plot("", 2).endswith("(../../img/compare.png)")  # relative to the page
+
+
+QUOTING = re.compile(r"<!--\s*optcore:(include|outline|tree)\s+(.*?)\s*-->")
+
+
+def test_writing_a_plugin_links_every_file_it_quotes_for_a_plain_reader() -> None:
+    """Read on a code host, a marker is an invisible comment: the line under each
+    one that quotes a file or folder is a link to it, by its path from docs/."""
+    page = DOCS / "writing-a-plugin.md"
+    lines = page.read_text(encoding="utf-8").splitlines()
+    quoted = [(i, m) for i, line in enumerate(lines) if (m := QUOTING.fullmatch(line.strip()))]
+    assert len(quoted) >= 10
+    for i, marker in quoted:
+        rel = marker.group(2).partition("::")[0].strip().rstrip("/")
+        link = re.fullmatch(r"\[([^\]]+)\]\(([^)\s]+)\)", lines[i + 1].strip()) if i + 1 < len(lines) else None
+        assert link, f"line {i + 2}: no link under <!-- optcore:{marker.group(1)} {marker.group(2)} -->"
+        target = (page.parent / link.group(2)).resolve()
+        assert target == (ROOT / rel).resolve() and target.exists(), (i + 2, link.group(2), rel)
+        assert rel in link.group(1) or rel.rsplit("/", 1)[-1] in link.group(1), link.group(1)  # readable text
+    assert "mkdocs serve" in page.read_text(encoding="utf-8")  # and it says where the code shows inline
+
+
+def test_a_plain_file_link_that_names_another_file_stops_the_build() -> None:
+    pytest.importorskip("mkdocs")
+    from mkdocs.exceptions import PluginError
+
+    spec = importlib.util.spec_from_file_location("optcore_docs_hooks_links", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = hooks
+    spec.loader.exec_module(hooks)
+
+    class Page:
+        class file:  # noqa: N801 - mkdocs' attribute name
+            src_uri = "writing-a-plugin.md"
+
+    marker = "<!-- optcore:include plugins/optcore-lion/pyproject.toml -->"
+    good = hooks.on_page_markdown(f"{marker}\n[pyproject](../plugins/optcore-lion/pyproject.toml)\nafter\n",
+                                  Page, None, None)  # fmt: skip
+    assert "[project.entry-points" in good and "](../plugins" not in good and good.rstrip().endswith("after")
+    with pytest.raises(PluginError, match="names 'plugins/optcore-lion/README.md'"):
+        hooks.on_page_markdown(f"{marker}\n[pyproject](../plugins/optcore-lion/README.md)\n", Page, None, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,27 @@ def test_the_readme_tells_a_newcomer_where_the_command_is_how_long_tests_take_an
     caption = figures.current(compare).rsplit("\n", 1)[-1]
     assert "same on every run" not in caption
     assert "same torch build and seed" in caption and "across machines" in caption and "2nd-3rd decimal" in caption
+
+
+@pytest.mark.parametrize("name", ["timing-setup", "timing-test"])
+def test_the_readmes_times_say_when_and_on_what_machine_they_were_measured(name):
+    """Set-up and test times (and the test counts) age as main moves on: each says its
+    date and machine, from timing.json, rather than reading as today's."""
+    (figure,) = [f for f in figures.FIGURES if f.name == name]
+    text = figures.current(figure)
+    assert re.search(r"measured 20\d\d-\d\d-\d\d on [^)]*\b\d+ CPUs\)$", text), text
+    data = json.loads(figure.results.read_text())
+    if name == "timing-test":
+        for key in ("passed", "skipped", "xfailed"):
+            assert f"{data[key]:,} {key}" in text
+        assert f"pytest itself {data['pytest_s']:.0f} s" in text
+
+
+def test_a_timing_without_its_date_is_refused():
+    data = json.loads((ROOT / "docs" / "results" / "timing.json").read_text())
+    del data["test_measured"]
+    with pytest.raises(KeyError):
+        figures.render_test_time(data)
 
 
 def test_the_protocol_summary_keeps_each_tasks_tuning_and_drops_the_curves(tmp_path):

@@ -259,8 +259,10 @@ def test_copies_that_declare_the_same_entry_points_are_one_distribution(tmp_path
         sys.modules.pop("optcore_same_mod", None)
 
 
-def test_optcore_list_reports_a_look_alike_and_lists_the_rest(tmp_path, on_path, capsys):
+def test_optcore_list_reports_a_look_alike_and_lists_the_rest(tmp_path, on_path, capsys, monkeypatch):
     from optcore.cli import main
+
+    monkeypatch.delenv("COLUMNS", raising=False)  # the notes' lines whole, as piped
 
     real, fake = tmp_path / "site", tmp_path / "pythonpath"
     _dist(real, "optcore_listed-0.1.dist-info", "optcore-listed", "0.1", {"optcore.optimizers": {"Listed": "m:Opt"}})

@@ -18,14 +18,20 @@ them to the device. The held-out loss is the mean of ``loss`` over
 ``heldout(seed)`` with the model in eval mode, without gradients.
 
 ``--task`` takes a built-in name (:data:`BUILTIN`), ``package.module:name`` or
-``path/to/file.py:name``. See ``examples/my_task.py``.
+``path/to/file.py:name``. See ``examples/my_task.py``. A ``package.module`` that no
+folder on ``sys.path`` holds is looked for in the current folder too, as
+``python -m`` finds one: the ``optcore`` script's ``sys.path`` starts with its own
+``bin`` folder, not with the folder it runs in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +98,46 @@ def _import(module_name: str, spec: str) -> Any:
         loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
         return module
     try:
-        return importlib.import_module(module_name)
+        with _current_folder_for(module_name.partition(".")[0]):
+            return importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
-            f"--task {spec!r}: cannot import {module_name!r} ({exc}). Install what it needs, or give "
-            "'path/to/file.py:name'.",
+            f"--task {spec!r}: cannot import {module_name!r} ({exc}), neither from the installed packages nor "
+            f"from the current folder {os.getcwd()!r}. Run from the folder that holds it, install what it needs, "
+            "or give 'path/to/file.py:name'.",
             problems=[("task", "import failed")],
         ) from None
+
+
+@contextlib.contextmanager
+def _current_folder_for(top: str) -> Iterator[None]:
+    """The current folder at the end of ``sys.path`` while a ``--task`` (or
+    ``--model``) module the user named is imported, when no folder on
+    ``sys.path`` holds its top-level package ``top``.
+
+    ``python -m`` puts the current folder on ``sys.path``; the ``optcore``
+    script does not, so ``--task nctask.tasks:task`` run beside ``nctask/``
+    would not find it. At the end, the folder never shadows an installed
+    module, and only for this import: it is the user's own command line that
+    names the module (a stored spec reaches here only when the worker's own
+    ``--task`` names the same text, optcore/compare/trust.py), while a type
+    read from storage or a config file is resolved with ``sys.path`` as it was.
+    The package's own submodules are found through its ``__path__`` later too.
+    """
+    here = os.getcwd()
+    try:
+        found = top in sys.modules or importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):  # not a name a finder accepts: the import says so
+        found = True
+    if found or here in sys.path:
+        yield
+        return
+    sys.path.append(here)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(here)
 
 
 def to_device(batch: Any, device: Any) -> Any:
