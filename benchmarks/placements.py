@@ -44,6 +44,15 @@ CASES: dict[str, Any] = {
     "Adagrad": {"type": "Adagrad", "lr": 0.1},
     "torch:Adafactor": {"type": "torch:Adafactor", "lr": 1e-2},
     "torch:Muon + AdamW": {"type": "torch:Muon", "lr": 0.02, "fallback": {"type": "AdamW", "lr": 1e-2}},
+    "torch:Muon + AdamW, bf16 (optcore-fp16)": PlacementCase(
+        {"type": "torch:Muon", "lr": 0.02, "fallback": {"type": "AdamW", "lr": 1e-2}, "precision": "bf16"},
+        dtype="bfloat16",
+    ),
+    "torch:Muon + AdamW, fp16 (optcore-fp16)": PlacementCase(
+        {"type": "torch:Muon", "lr": 0.02, "fallback": {"type": "AdamW", "lr": 1e-2}, "precision": "fp16",
+         "loss_scaler": FP16_SCALER},
+        dtype="float16",
+    ),
     "a user's SGD subclass": {"type": UserSGD, "lr": 0.1, "momentum": 0.9},
     "Lion (optcore-lion)": {"type": "optcore-lion:Lion", "lr": 1e-3, "weight_decay": 0.1},
     "Adafactor (optcore-adafactor)": {"type": "optcore-adafactor:Adafactor", "weight_decay": 0.01},

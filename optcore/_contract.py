@@ -23,7 +23,7 @@ from .grads import multiply, params_with_grad
 from .guards import check_state_dict
 from .placement import _dcp, check_dcp_layout
 from .placement import install as install_first_step_checks
-from .placement._ranks import average, clip_by_norm
+from .placement._ranks import average_optimizer, clip_by_norm
 
 GroupSelector = Sequence[int | str] | int | str | None
 
@@ -126,31 +126,10 @@ class ContractMixin:
             return torch.zeros(())
         return clip_by_norm(grads, max_norm, self.multiply_grads, self.shard_group, aggregate_norm_fn)
 
-    @torch.no_grad()
     def average_params(self, group: Any = None) -> None:
         """Parameters and their moments (floating state of their shape), one flat
         buffer per device and dtype: a handful of collectives, not one per tensor."""
-        dist = torch.distributed
-        world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-        if world == 1:
-            return
-        if self.shard_group is not None:
-            raise ConfigError(
-                f"average_params on one rank's shard of a ZeroRedundancyOptimizer: each rank holds other "
-                f"parameters, so there is nothing to average {type(self).__name__}'s shard with. Call it on the "
-                "optimizer optcore.distributed.zero_redundancy returns (it averages all parameters).",
-                problems=[("average_params", "sharded optimizer")],
-            )
-        tensors: list[Tensor] = []
-        for g in self.param_groups:
-            for p in g["params"]:
-                tensors.append(p.data)
-                tensors.extend(
-                    v
-                    for v in self.state.get(p, {}).values()
-                    if isinstance(v, Tensor) and v.is_floating_point() and v.shape == p.shape
-                )
-        average(tensors, group)
+        average_optimizer(self, group)
 
     def __getstate__(self) -> dict[str, Any]:
         """Every attribute (docs/contract.md) but a ``step`` an LR scheduler bound

@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 import inspect
 import threading
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,22 +83,6 @@ KNOWN_PACKAGES: tuple[KnownPackage, ...] = (
     KnownPackage("galore-torch", "galore_torch", ("GaLoreAdamW", "GaLoreAdamW8bit", "GaLoreAdafactor"), wrap=low_rank),
     KnownPackage("torch-optimi", "optimi", ("Adam", "AdamW", "Adan", "Lion", "RAdam", "Ranger", "SGD", "StableAdamW")),
 )
-
-
-def missing_provider(name: str, plugins: Sequence[str] = ()) -> str:
-    """What to install for ``name`` when only packages optcore knows, or ``plugins``
-    (optcore's shipped plugins that declare it), provide it and none is installed, else ``""``."""
-    key = normalize(name)
-    dists = [p.distribution for p in KNOWN_PACKAGES if not is_installed(p.top_level) and key in map(normalize, p.classes)]
-    if plugins:
-        also = (f" It is also an optimizer of {' and of '.join(dists)}: `pip install {dists[0]}` gives that one "
-                f"(with both installed, {name!r} is the package's, as packages resolve first, and "
-                f"'{plugins[0]}:{name}' the plugin's).") if dists else ""  # fmt: skip
-        return (f"{name!r} is an optimizer of optcore's plugin {' and of '.join(plugins)}, which is not installed: "
-                f"`pip install {plugins[0]}` (or `pip install ./plugins/{plugins[0]}` in optcore's repository), "
-                f"then run again.{also}")
-    return (f"{name!r} is an optimizer of {' and of '.join(dists)}, which is not installed: `pip install {dists[0]}`, "
-            "then run again (`optcore list` shows it).") if dists else ""
 
 
 def importable_classes(kind: str) -> tuple[type, ...]:

@@ -30,23 +30,12 @@ from typing import Any
 
 from ._errors import PluginLoadError
 from ._names import normalize
-from ._values import clean_text
 from .distributions import Copies, LookAlikeError, dist_key
 
 OPTIMIZERS_GROUP = "optcore.optimizers"
 SCHEDULERS_GROUP = "optcore.schedulers"
 HOOKS_GROUP = "optcore.hooks"
 
-#: The plugins optcore's repository ships (``plugins/<distribution>/``) and the
-#: optimizer names each declares, so that a name asked for while its plugin is
-#: not installed says what to install (tests/resolution/test_missing_providers.py
-#: checks it against each plugin's pyproject.toml).
-SHIPPED_PLUGINS: dict[str, tuple[str, ...]] = {
-    "optcore-lion": ("Lion",),
-    "optcore-adafactor": ("Adafactor",),
-    "optcore-fp16": ("FP16Optimizer", "MemoryEfficientFP16Optimizer"),
-    "optcore-adascale": ("AdaScaleSGD",),
-}
 
 
 @dataclass(frozen=True)
@@ -220,55 +209,6 @@ def switched_off(distribution: str, group: str) -> str | None:
     if mine and allowed is not None and key not in allowed and all(normalize(n) not in allowed for n in mine):
         return f"OPTCORE_PLUGINS={os.environ['OPTCORE_PLUGINS']!r} leaves out its {group} entry points: add {distribution} to it"
     return None
-
-
-def shipped_providers(name: str, group: str = OPTIMIZERS_GROUP) -> list[str]:
-    """The shipped plugins (:data:`SHIPPED_PLUGINS`) that declare ``name`` and whose
-    entry points are not found: what a user could install to get it."""
-    return [d for d in _shipped_with(name, group) if not declared(d, group)]
-
-
-def shipped_but_off(name: str, group: str = OPTIMIZERS_GROUP) -> str:
-    """Why an installed shipped plugin that declares ``name`` does not provide it
-    (an environment switch leaves it out), else ``""``."""
-    for dist in _shipped_with(name, group):
-        if off := switched_off(dist, group):
-            return f"{name!r} is an optimizer of {dist}, which is installed, but {off}."
-    return ""
-
-
-def _shipped_with(name: str, group: str) -> list[str]:
-    key = normalize(name)
-    return [d for d, names in SHIPPED_PLUGINS.items() if group == OPTIMIZERS_GROUP and key in map(normalize, names)]
-
-
-def not_provided(distribution: str, name: str, group: str, kind: str, could_be_module: bool) -> tuple[str, str]:
-    """``(headline, hint)`` for ``distribution:name`` that no plugin in use
-    provides: the distribution is not installed, is switched off, declares other
-    names or is no plugin. Reads metadata only; ``distribution`` is the user's text."""
-    from importlib import metadata
-
-    dist, what = clean_text(distribution, 100), clean_text(name, 100)
-    shipped = normalize(distribution) in map(normalize, SHIPPED_PLUGINS)
-    mine = declared(distribution, group)
-    if mine and (off := switched_off(distribution, group)):
-        return f"Distribution {dist!r} is installed, but its {group} entry points are not in use.", f"{off}."
-    if mine:
-        return (f"Distribution {dist!r} declares no {kind} named {what!r}.",
-                f"Its {group} entry points: {', '.join(mine)}. A newer version may have it: "
-                f"`pip install -U {dist}`.")  # fmt: skip
-    try:
-        metadata.distribution(distribution)
-    except (metadata.PackageNotFoundError, ValueError):
-        pass
-    else:
-        return (f"Distribution {dist!r} is installed, and is not an optcore plugin: it declares no {group} "
-                f"entry points.", f"Name the class by its import path ('module:{what}'), or install the plugin "
-                "that provides it.")  # fmt: skip
-    thing = "distribution or module" if could_be_module else "distribution"
-    where = f" (or `pip install ./plugins/{dist}` in optcore's repository)" if shipped else ""
-    return (f"No {thing} {dist!r} is installed, so nothing provides {what!r} under that name.",
-            f"Install it: `pip install {dist}`{where}, then run again; `optcore list` shows the names installed now.")
 
 
 def clashes() -> list[str]:

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from ._errors import OptimizerNotFoundError
-from ._packages import KNOWN_PACKAGES, PackageRegistries, is_installed, load_package_class, missing_provider
-from ._plugins import OPTIMIZERS_GROUP, shipped_but_off, shipped_providers
+from ._packages import KNOWN_PACKAGES, PackageRegistries, is_installed, load_package_class
+from ._plugins import OPTIMIZERS_GROUP
+from .missing import missing_provider, shipped_but_off, shipped_providers
 from ._resolution import Registry, ShadowedNameWarning
 from ._spec import OptimizerSpec
 from ._torch_facts import TORCH_FACTS

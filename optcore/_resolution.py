@@ -21,7 +21,8 @@ from ._import_paths import ImportPaths, import_paths_allowed
 from ._values import short_repr
 from ._names import MAX_NAME_LENGTH, close_matches, normalize
 from ._packages import PackageRegistries, is_installed
-from ._plugins import entry_points, not_provided, switches_note
+from ._plugins import entry_points, switches_note
+from .missing import not_provided
 from ._spec import OptimizerSpec
 
 SOURCES = ("torch", "package", "builtin", "plugin", "user")

@@ -63,6 +63,29 @@ def average(tensors: Sequence[Tensor], group: Any) -> None:
         for t, chunk in zip(bucket, flat.split([t.numel() for t in bucket])):
             t.copy_(chunk.view_as(t))
 
+@torch.no_grad()
+def average_optimizer(optimizer: Any, group: Any = None) -> None:
+    """The contract's ``average_params``: ``optimizer``'s parameters and their
+    moments (floating state of their shape) averaged over ``group``'s ranks."""
+    dist = torch.distributed
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if world == 1:
+        return
+    if getattr(optimizer, "shard_group", None) is not None:
+        raise ConfigError(
+            f"average_params on one rank's shard of a ZeroRedundancyOptimizer: each rank holds other "
+            f"parameters, so there is nothing to average {type(optimizer).__name__}'s shard with. Call it on the "
+            "optimizer optcore.distributed.zero_redundancy returns (it averages all parameters).",
+            problems=[("average_params", "sharded optimizer")],
+        )
+    tensors: list[Tensor] = []
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            tensors.append(p.data)
+            tensors.extend(v for v in optimizer.state.get(p, {}).values()
+                           if isinstance(v, Tensor) and v.is_floating_point() and v.shape == p.shape)
+    average(tensors, group)
+
 
 def _check_ranks_agree(tensors: Sequence[Tensor], group: Any) -> None:
     """The same :class:`ConfigError` on every rank unless all average the same

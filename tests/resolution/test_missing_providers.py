@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import optcore
-import optcore._packages as packages
 import optcore._plugins as plugins
+import optcore.missing
 from optcore._names import normalize
-from optcore._packages import KNOWN_PACKAGES, missing_provider
+from optcore._packages import KNOWN_PACKAGES
+from optcore.missing import SHIPPED_PLUGINS, missing_provider
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 
@@ -51,7 +52,7 @@ def test_the_shipped_plugins_table_is_what_each_plugin_declares():
     for project in sorted(PLUGINS.glob("*/pyproject.toml")):
         meta = tomllib.loads(project.read_text())["project"]
         declared[meta["name"]] = tuple(meta.get("entry-points", {}).get("optcore.optimizers", {}))
-    assert declared == plugins.SHIPPED_PLUGINS
+    assert declared == SHIPPED_PLUGINS
 
 
 @pytest.mark.parametrize("text", ["optcore-sophia:Sophia", "Optcore_Sophia-Extra:Sophia"])
@@ -87,7 +88,7 @@ def test_an_installed_plugin_left_out_by_the_switch_says_which_switch(fake_plugi
 
 ONLY_PLUGINS = [
     (dist, name)
-    for dist, names in plugins.SHIPPED_PLUGINS.items()
+    for dist, names in SHIPPED_PLUGINS.items()
     for name in names
     if not any(normalize(name) in map(normalize, p.classes) for p in KNOWN_PACKAGES) and not hasattr(torch.optim, name)
 ]
@@ -112,7 +113,7 @@ def test_a_plain_name_of_a_shipped_plugin_switched_off_names_the_switch(monkeypa
 
 def test_lion_without_its_plugin_or_a_package_suggests_both(monkeypatch):
     """Where neither optcore-lion nor lion-pytorch (nor any other Lion) is installed."""
-    monkeypatch.setattr(packages, "is_installed", lambda top: False)
+    monkeypatch.setattr(optcore.missing, "is_installed", lambda top: False)
     hint = missing_provider("Lion", ["optcore-lion"])
     assert "optcore's plugin optcore-lion, which is not installed: `pip install optcore-lion`" in hint
     assert "It is also an optimizer of lion-pytorch" in hint and "`pip install lion-pytorch`" in hint
