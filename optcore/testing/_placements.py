@@ -239,7 +239,7 @@ def check_placements(
     live = {n: c for n, c in cases.items() if n in row_steps}
     with tempfile.TemporaryDirectory(prefix="optcore-placements-") as root:
         got = _run_rounds(live, placements, row_steps, root)
-        references: dict[tuple[str, tuple[tuple[int, int, int], ...]], list[torch.Tensor]] = {}
+        references: dict[tuple[Any, ...], list[torch.Tensor]] = {}
         noise: dict[str, float | None] = {}
         for index, (name, case) in enumerate(live.items()):
             n = row_steps[name]
@@ -384,19 +384,19 @@ def _segments(placement: str, steps: int) -> tuple[tuple[int, int, int], ...]:
 
 def _reference(
     case: PlacementCase, segments: tuple[tuple[int, int, int], ...],
-    cache: dict[tuple[str, tuple[tuple[int, int, int], ...]], list[torch.Tensor]], name: str,
+    cache: dict[tuple[Any, ...], list[torch.Tensor]], name: str,
 ) -> list[torch.Tensor]:
     """One process on the full batch, each segment standing for its ranks (a
     new optimizer for a segment whose config differs, loading the last one's state)."""
-    key = (name, tuple((a, b, case.reference(w)[1], repr(case.reference(w)[0])) for a, b, w in segments))
+    parts = [(start, end, *case.reference(world)) for start, end, world in segments]
+    key = (name, tuple((start, end, micro, repr(config)) for start, end, config, micro in parts))
     if key in cache:
         return cache[key]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = runs.model(case.dtype)
         opt, last = None, None
-        for start, end, world in segments:
-            config, micro = case.reference(world)
+        for start, end, config, micro in parts:
             if opt is None or repr(config) != last:
                 state = opt.state_dict() if opt is not None else None
                 opt = runs.build(config, module)
